@@ -1,0 +1,46 @@
+# BluTrain image: build stage compiles `blutrain` with the same scripts/install-deps
+# and CMake configure as scripts/test (Release here); the runtime stage carries only
+# the binary, its shared libraries and configs/, and runs as the non-root user bt.
+#
+#   docker build -t blutrain .
+#   docker run --rm --gpus all blutrain --help
+#   docker build --build-arg CUDA_TAG=13.0.0 --build-arg BT_CUDA_ARCHITECTURES="80;90" -t blutrain .
+#
+# The image is built without MLIR (BT_SKIP_MLIR=1): the compiler's fusion backend
+# is the no-op one, so the runtime stage needs no LLVM/MLIR libraries.
+
+ARG CUDA_TAG=13.0.0
+
+# ------------------------------------------------------------------ build
+FROM nvidia/cuda:${CUDA_TAG}-devel-ubuntu24.04 AS build
+ARG BT_CUDA_ARCHITECTURES=90
+ENV DEBIAN_FRONTEND=noninteractive
+WORKDIR /src
+# Dependencies first, so that editing sources does not reinstall them.
+COPY scripts/install-deps scripts/install-deps
+RUN BT_SKIP_MLIR=1 BT_SKIP_NODE=1 scripts/install-deps \
+ && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+          -DBT_CUDA_ARCHITECTURES="${BT_CUDA_ARCHITECTURES}" \
+ && cmake --build build --target blutrain -j"$(nproc)" \
+ && strip --strip-unneeded build/blutrain
+
+# ------------------------------------------------------------------ runtime
+FROM nvidia/cuda:${CUDA_TAG}-runtime-ubuntu24.04 AS runtime
+ENV DEBIAN_FRONTEND=noninteractive
+COPY scripts/install-deps /tmp/install-deps
+RUN /tmp/install-deps --runtime \
+ && rm -rf /var/lib/apt/lists/* /tmp/install-deps
+COPY --from=build /src/build/blutrain /usr/local/bin/blutrain
+COPY configs/ /opt/blutrain/configs/
+# Fail the build, not the first run, when a shared library is missing (libcuda
+# is the exception: the NVIDIA container runtime mounts it when the container starts).
+RUN if ldd /usr/local/bin/blutrain | grep -v 'libcuda\.so' | grep 'not found'; then \
+      echo "blutrain needs libraries that 'scripts/install-deps --runtime' does not install" >&2; exit 1; \
+    fi \
+ && useradd --create-home --shell /bin/bash bt
+USER bt
+WORKDIR /home/bt
+ENTRYPOINT ["blutrain"]
+CMD ["--help"]

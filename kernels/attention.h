@@ -1,0 +1,70 @@
+// Causal scaled-dot-product self-attention, forward and backward, in the
+// memory-efficient form: the [T, T] probability matrix is never stored. The
+// forward saves the row log-sum-exp (lse) and the backward recomputes P.
+//
+//   S = scale * Q K^T (masked: key j > query i is -inf),  P = softmax(S),  O = P V
+//
+// Q, K, V, O and their gradients are [B, H, T, D] views given by element
+// strides for b, h and t (the d stride is 1), so q/k/v can be slices of a
+// fused [B, T, 3, H, D] projection without a copy. lse is contiguous [B, H, T]
+// float. Dtypes: F32, F64 on CPU, BF16 (float accumulation).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/dtype.h"
+#ifdef BT_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace bt::kernels {
+
+struct AttnShape {
+  int64_t B = 0, H = 0, T = 0, D = 0;
+};
+struct AttnStrides {
+  int64_t b = 0, h = 0, t = 0;
+};
+/// Strides of a contiguous [B, H, T, D] buffer.
+inline AttnStrides contiguous_bhtd(const AttnShape& s) { return {s.H * s.T * s.D, s.T * s.D, s.D}; }
+
+struct AttnForward {
+  DType dt = DType::F32;
+  AttnShape shape;
+  float scale = 1.0f;
+  const void* q = nullptr; AttnStrides sq;
+  const void* k = nullptr; AttnStrides sk;
+  const void* v = nullptr; AttnStrides sv;
+  void* o = nullptr;       AttnStrides so;
+  float* lse = nullptr;  // [B, H, T]
+};
+
+struct AttnBackward {
+  DType dt = DType::F32;
+  AttnShape shape;
+  float scale = 1.0f;
+  const void* q = nullptr;  AttnStrides sq;
+  const void* k = nullptr;  AttnStrides sk;
+  const void* v = nullptr;  AttnStrides sv;
+  const void* o = nullptr;  AttnStrides so;
+  const void* dout = nullptr; AttnStrides sdo;
+  const float* lse = nullptr;
+  void* dq = nullptr; AttnStrides sdq;  // written, not accumulated
+  void* dk = nullptr; AttnStrides sdk;
+  void* dv = nullptr; AttnStrides sdv;
+};
+
+namespace cpu {
+void attention_forward(const AttnForward& a);
+void attention_backward(const AttnBackward& a);
+}  // namespace cpu
+#ifdef BT_CUDA
+namespace cuda {
+void attention_forward(const AttnForward& a, cudaStream_t stream);
+/// Floats of scratch that attention_backward needs.
+size_t attention_backward_scratch_floats(const AttnShape& s);
+void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream);
+}  // namespace cuda
+#endif
+}  // namespace bt::kernels

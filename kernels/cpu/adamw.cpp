@@ -1,0 +1,50 @@
+// CPU fused AdamW step (fp32 state; F32, BF16 or F64 gradients; optional
+// F32 or BF16 copy of the updated params). Follows the formula in adamw.h
+// operation for operation, in float.
+#include "kernels/adamw.h"
+
+#include "kernels/cpu/dispatch.h"
+
+namespace bt::kernels::cpu {
+namespace {
+
+template <class G, class C>
+void adamw_impl(const AdamWArgs& a, const G* grad, C* copy) {
+  float* p = a.param;
+  float* m = a.m;
+  float* v = a.v;
+  const float b1 = a.beta1, b2 = a.beta2, one_b1 = 1.0f - a.beta1, one_b2 = 1.0f - a.beta2;
+  for (int64_t i = 0; i < a.n; ++i) {
+    const float g = static_cast<float>(detail::load(grad, i)) * a.grad_scale;
+    const float mi = b1 * m[i] + one_b1 * g;
+    const float vi = b2 * v[i] + one_b2 * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = p[i] - a.lr * (mi / a.bias1 / (std::sqrt(vi / a.bias2) + a.eps) + a.weight_decay * p[i]);
+    p[i] = pi;
+    if constexpr (!std::is_void_v<C>) detail::store(copy, i, pi);
+  }
+}
+
+template <class G>
+void with_copy(const AdamWArgs& a, const G* grad) {
+  if (a.param_copy == nullptr) return adamw_impl<G, void>(a, grad, nullptr);
+  switch (a.copy_dt) {
+    case DType::F32: return adamw_impl(a, grad, static_cast<float*>(a.param_copy));
+    case DType::BF16: return adamw_impl(a, grad, static_cast<bf16*>(a.param_copy));
+    default: break;
+  }
+  BT_FAIL("adamw: unsupported param_copy dtype ", a.copy_dt, " (the CPU kernel supports f32 and bf16)");
+}
+
+}  // namespace
+
+void adamw(const AdamWArgs& a) {
+  detail::check_count("adamw", "n", a.n);
+  BT_CHECK(a.n == 0 || (a.param && a.grad && a.m && a.v), "adamw: param, grad, m and v are required");
+  detail::dispatch_float(a.grad_dt, "adamw", [&]<class G>(std::type_identity<G>) {
+    with_copy(a, static_cast<const G*>(a.grad));
+  });
+}
+
+}  // namespace bt::kernels::cpu

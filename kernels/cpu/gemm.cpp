@@ -1,0 +1,143 @@
+// CPU GEMM on OpenBLAS (row-major), batched by looping over the batch.
+// F32 -> sgemm, F64 -> dgemm, BF16 -> float copies of A, B (and C when beta != 0),
+// sgemm into a float C, epilogue in float, one rounding on store.
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+
+namespace bt::kernels::cpu {
+namespace {
+using detail::acc_t;
+using detail::load;
+using detail::store;
+
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+               int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+/// C = alpha * op(A) op(B) + beta * C on compute-type buffers. k == 0 is done
+/// here (BLAS would reject lda < 1); beta == 0 never reads C.
+template <class A>
+void gemm_acc(const GemmArgs& g, const A* a, int64_t lda, const A* b, int64_t ldb, A* c, int64_t ldc) {
+  if (g.k > 0) {
+    blas_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<A>(g.alpha), a, lda, b, ldb,
+              static_cast<A>(g.beta), c, ldc);
+    return;
+  }
+  for (int64_t r = 0; r < g.m; ++r)
+    for (int64_t j = 0; j < g.n; ++j)
+      c[r * ldc + j] = g.beta == 0.0f ? A(0) : static_cast<A>(g.beta) * c[r * ldc + j];
+}
+
+/// Applies the epilogue to the m x n matrix src (compute type, leading dim lds)
+/// and stores it to dst (ldc); pre (ldc) receives the pre-GELU values.
+template <class T, class A = acc_t<T>>
+void epilogue(const GemmArgs& g, const A* src, int64_t lds, T* dst, T* pre) {
+  const T* bias = static_cast<const T*>(g.bias);
+  const bool add_bias = g.epilogue == Epilogue::Bias || g.epilogue == Epilogue::BiasGelu;
+  const bool gelu = g.epilogue == Epilogue::Gelu || g.epilogue == Epilogue::BiasGelu;
+  for (int64_t r = 0; r < g.m; ++r) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      A v = src[r * lds + j];
+      if (add_bias) v += load(bias, j);
+      if (gelu) {
+        if (pre) store(pre, r * g.ldc + j, v);
+        v = detail::gelu_tanh(v);
+      }
+      store(dst, r * g.ldc + j, v);
+    }
+  }
+}
+
+/// Copies the rows x cols matrix x (leading dim ld) to a packed float buffer.
+void to_float(const bf16* x, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = load(x, r * ld + j);
+}
+
+template <class T>
+void gemm_impl(const GemmArgs& g) {
+  const T* A = static_cast<const T*>(g.a);
+  const T* B = static_cast<const T*>(g.b);
+  T* C = static_cast<T*>(g.c);
+  T* P = static_cast<T*>(g.pre_gelu);
+  const bool use_pre = g.pre_gelu && (g.epilogue == Epilogue::Gelu || g.epilogue == Epilogue::BiasGelu);
+  if constexpr (std::is_same_v<T, bf16>) {
+    const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+    const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+    std::vector<float> af, bfl, cf(static_cast<size_t>(g.m * g.n));
+    for (int64_t i = 0; i < g.batch; ++i) {
+      to_float(A + i * g.stride_a, ar, ac, g.lda, af);
+      to_float(B + i * g.stride_b, br, bc, g.ldb, bfl);
+      T* c = C + i * g.stride_c;
+      if (g.beta == 0.0f)
+        std::fill(cf.begin(), cf.end(), 0.0f);
+      else
+        for (int64_t r = 0; r < g.m; ++r)
+          for (int64_t j = 0; j < g.n; ++j) cf[r * g.n + j] = load(c, r * g.ldc + j);
+      gemm_acc<float>(g, af.data(), std::max<int64_t>(ac, 1), bfl.data(), std::max<int64_t>(bc, 1),
+                      cf.data(), std::max<int64_t>(g.n, 1));
+      epilogue<T>(g, cf.data(), g.n, c, use_pre ? P + i * g.stride_c : nullptr);
+    }
+  } else {
+    for (int64_t i = 0; i < g.batch; ++i) {
+      T* c = C + i * g.stride_c;
+      gemm_acc<T>(g, A + i * g.stride_a, g.lda, B + i * g.stride_b, g.ldb, c, g.ldc);
+      if (g.epilogue != Epilogue::None) epilogue<T>(g, c, g.ldc, c, use_pre ? P + i * g.stride_c : nullptr);
+    }
+  }
+}
+
+void check_args(const GemmArgs& g) {
+  BT_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm: negative size (m=", g.m,
+           ", n=", g.n, ", k=", g.k, ", batch=", g.batch, ")");
+  const int64_t a_cols = g.trans_a ? g.m : g.k, b_cols = g.trans_b ? g.k : g.n;
+  BT_CHECK(g.lda >= std::max<int64_t>(a_cols, 1) || g.k == 0, "gemm: lda=", g.lda, " is smaller than ",
+           "the ", a_cols, " columns of the row-major A", g.trans_a ? " (trans_a)" : "");
+  BT_CHECK(g.ldb >= std::max<int64_t>(b_cols, 1) || g.k == 0, "gemm: ldb=", g.ldb, " is smaller than ",
+           "the ", b_cols, " columns of the row-major B", g.trans_b ? " (trans_b)" : "");
+  BT_CHECK(g.ldc >= std::max<int64_t>(g.n, 1), "gemm: ldc=", g.ldc, " is smaller than n=", g.n);
+  for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc})
+    BT_CHECK(v <= INT_MAX, "gemm: dimension or leading dimension ", v, " exceeds the BLAS int range");
+  BT_CHECK(g.epilogue == Epilogue::None || g.epilogue == Epilogue::Bias || g.epilogue == Epilogue::Gelu ||
+               g.epilogue == Epilogue::BiasGelu,
+           "gemm: unknown epilogue ", static_cast<int>(g.epilogue));
+  BT_CHECK(g.epilogue != Epilogue::Bias || g.beta == 0.0f,
+           "gemm: the Bias epilogue requires beta == 0 (got beta=", g.beta,
+           "); add the bias separately when accumulating into C");
+  const bool needs_bias = g.epilogue == Epilogue::Bias || g.epilogue == Epilogue::BiasGelu;
+  BT_CHECK(!needs_bias || g.bias != nullptr, "gemm: the Bias/BiasGelu epilogue needs a bias pointer");
+  if (g.batch > 0 && g.m > 0 && g.n > 0) {
+    BT_CHECK(g.c != nullptr, "gemm: C is null");
+    BT_CHECK(g.k == 0 || (g.a != nullptr && g.b != nullptr), "gemm: A or B is null");
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& args) {
+  check_args(args);
+  detail::dispatch_float(args.dtype, "gemm", [&]<class T>(std::type_identity<T>) {
+    if (args.batch == 0 || args.m == 0 || args.n == 0) return;
+    gemm_impl<T>(args);
+  });
+}
+
+}  // namespace bt::kernels::cpu

@@ -1,0 +1,40 @@
+// Softmax cross-entropy fused with the logits: the forward computes each row's
+// log-sum-exp and loss in one pass, the backward writes
+//   dlogits = (softmax(logits) - onehot(target)) * dloss[row]
+// straight from the logits, so probabilities are never materialized.
+//
+// logits: [rows, ld] (dt = F32, F64 on CPU, BF16); only the first `vocab`
+// columns take part (the rest is vocabulary padding, gradient 0).
+// targets: int32 [rows]; target -1 is ignored (loss 0, gradient 0).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/dtype.h"
+#ifdef BT_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace bt::kernels {
+
+struct CrossEntropyArgs {
+  DType dt = DType::F32;
+  const void* logits = nullptr;
+  int64_t rows = 0, vocab = 0, ld = 0;
+  const int32_t* targets = nullptr;
+};
+
+namespace cpu {
+/// loss[r] = lse[r] - logits[r, target[r]]; throws bt::Error on a target out of [0, vocab).
+void cross_entropy_forward(const CrossEntropyArgs& a, float* loss, float* lse);
+void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const float* dloss, void* dlogits);
+}  // namespace cpu
+#ifdef BT_CUDA
+namespace cuda {
+/// Out-of-range targets produce NaN loss for that row (checked by the runtime).
+void cross_entropy_forward(const CrossEntropyArgs& a, float* loss, float* lse, cudaStream_t stream);
+void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const float* dloss,
+                            void* dlogits, cudaStream_t stream);
+}  // namespace cuda
+#endif
+}  // namespace bt::kernels

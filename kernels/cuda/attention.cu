@@ -1,0 +1,357 @@
+// CUDA causal flash-style attention (SIMT, fp32 accumulation; no tensor cores yet).
+//
+// Layout of work: D is padded to DP in {16, 32, 64, 128} (padded dims are zero
+// and never written). A row (query or key) is owned by TPR = DP / 16 adjacent
+// lanes; lane `part` of the group owns dims part + TPR * c, c < 16. Dot products
+// are 16 FMAs per lane plus a butterfly over the TPR lanes. A block of 128
+// threads owns BR = 128 / TPR rows.
+//
+// Forward: per (b, h, query tile), stream K/V tiles of 32 keys through shared
+// memory up to the last key the tile can see (fully masked tiles are skipped),
+// online softmax in registers; writes O and lse = m + log(l).
+// Backward (deterministic, every output written once):
+//   1. Di = rowsum(dO * O)                       -> scratch [B, H, T]
+//   2. per (b, h, key tile):   dK, dV over the query tiles that see the keys
+//   3. per (b, h, query tile): dQ over the key tiles the queries see
+// with P recomputed as exp(scale q.k - lse).
+#include <climits>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/common.cuh"
+
+namespace bt::kernels::cuda {
+namespace {
+using namespace detail;
+
+constexpr int kThreads = 128;
+constexpr int kTile = 32;  // keys (forward, dQ) or queries (dK/dV) per shared-memory tile
+constexpr int kPerLane = 16;
+
+struct Geo {
+  int64_t B, H, T, D;
+};
+
+__device__ __forceinline__ int64_t off(const AttnStrides& s, int64_t b, int64_t h, int64_t t) {
+  return b * s.b + h * s.h + t * s.t;
+}
+
+template <int TPR>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = 1; o < TPR; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// Loads this lane's 16 dims of row t (zeros past D or for t >= T).
+template <typename T, int TPR>
+__device__ __forceinline__ void load_row(const T* base, const AttnStrides& s, int64_t b, int64_t h, int64_t t,
+                                         const Geo& g, int part, float (&out)[kPerLane]) {
+  const bool ok = t < g.T;
+  const T* p = base + (ok ? off(s, b, h, t) : 0);
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    const int d = part + TPR * c;
+    out[c] = (ok && d < g.D) ? ldf(p + d) : 0.0f;
+  }
+}
+
+template <typename T, int TPR>
+__device__ __forceinline__ void store_row(T* base, const AttnStrides& s, int64_t b, int64_t h, int64_t t,
+                                          const Geo& g, int part, const float (&v)[kPerLane], float mul) {
+  if (t >= g.T) return;
+  T* p = base + off(s, b, h, t);
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    const int d = part + TPR * c;
+    if (d < g.D) stf(p + d, v[c] * mul);
+  }
+}
+
+/// Cooperative load of rows [t0, t0 + kTile) into tile[kTile][DP] (zeros past T or D).
+template <typename T, int DP>
+__device__ __forceinline__ void load_tile(float (*tile)[DP], const T* base, const AttnStrides& s, int64_t b,
+                                          int64_t h, int64_t t0, const Geo& g) {
+  for (int e = threadIdx.x; e < kTile * DP; e += kThreads) {
+    const int j = e / DP, d = e % DP;
+    const int64_t t = t0 + j;
+    tile[j][d] = (t < g.T && d < g.D) ? ldf(base + off(s, b, h, t) + d) : 0.0f;
+  }
+}
+
+/// blockIdx.x -> (bh, tile); heavy_first orders the causal work largest first.
+__device__ __forceinline__ void block_coords(int64_t bh_count, int64_t tiles, bool reverse, int64_t& bh,
+                                             int64_t& tile) {
+  const int64_t bid = blockIdx.x;
+  bh = bid % bh_count;
+  const int64_t r = bid / bh_count;
+  tile = reverse ? tiles - 1 - r : r;
+}
+
+// ------------------------------------------------------------------ forward
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads) attn_fwd_kernel(AttnForward a, Geo g, int64_t tiles) {
+  constexpr int TPR = DP / kPerLane, BR = kThreads / TPR;
+  __shared__ float ks[kTile][DP];
+  __shared__ float vs[kTile][DP];
+  int64_t bh, tile;
+  block_coords(g.B * g.H, tiles, true, bh, tile);
+  const int64_t b = bh / g.H, h = bh % g.H;
+  const int row = threadIdx.x / TPR, part = threadIdx.x % TPR;
+  const int64_t q0 = tile * BR, qi = q0 + row;
+  float q[kPerLane], acc[kPerLane];
+  load_row<T, TPR>(static_cast<const T*>(a.q), a.sq, b, h, qi, g, part, q);
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    q[c] *= a.scale;
+    acc[c] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int64_t kend = q0 + BR < g.T ? q0 + BR : g.T;  // keys >= kend are masked for the whole tile
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads();
+    load_tile<T, DP>(ks, static_cast<const T*>(a.k), a.sk, b, h, k0, g);
+    load_tile<T, DP>(vs, static_cast<const T*>(a.v), a.sv, b, h, k0, g);
+    __syncthreads();
+    float s[kTile];
+    float mt = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      float part_dot = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) part_dot += q[c] * ks[j][part + TPR * c];
+      const float sc = group_sum<TPR>(part_dot);
+      const int64_t kj = k0 + j;
+      s[j] = (kj <= qi && kj < g.T) ? sc : -INFINITY;
+      mt = fmaxf(mt, s[j]);
+    }
+    const float m_new = fmaxf(m, mt);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = expf(m - m_use);
+    l *= corr;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) acc[c] *= corr;
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      const float p = expf(s[j] - m_use);
+      l += p;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) acc[c] += p * vs[j][part + TPR * c];
+    }
+    m = m_new;
+  }
+  if (qi < g.T) {
+    store_row<T, TPR>(static_cast<T*>(a.o), a.so, b, h, qi, g, part, acc, 1.0f / l);
+    if (part == 0 && a.lse) a.lse[bh * g.T + qi] = m + logf(l);
+  }
+}
+
+// ------------------------------------------------------------------ backward
+/// Di[bh * T + t] = sum_d dO * O; one warp per row.
+template <typename T>
+__global__ void attn_bwd_dot_kernel(AttnBackward a, Geo g, float* __restrict__ di) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= g.B * g.H * g.T) return;
+  const int64_t t = row % g.T, bh = row / g.T, b = bh / g.H, h = bh % g.H;
+  const T* po = static_cast<const T*>(a.o) + off(a.so, b, h, t);
+  const T* pd = static_cast<const T*>(a.dout) + off(a.sdo, b, h, t);
+  float acc = 0.0f;
+  for (int64_t d = lane; d < g.D; d += 32) acc += ldf(po + d) * ldf(pd + d);
+  acc = warp_sum(acc);
+  if (lane == 0) di[row] = acc;
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(AttnBackward a, Geo g, int64_t tiles,
+                                                                 const float* __restrict__ di) {
+  constexpr int TPR = DP / kPerLane, BR = kThreads / TPR;
+  __shared__ float qs[kTile][DP];
+  __shared__ float dos[kTile][DP];
+  __shared__ float lse_s[kTile], di_s[kTile];
+  int64_t bh, tile;
+  block_coords(g.B * g.H, tiles, false, bh, tile);
+  const int64_t b = bh / g.H, h = bh % g.H;
+  const int row = threadIdx.x / TPR, part = threadIdx.x % TPR;
+  const int64_t k0 = tile * BR, kj = k0 + row;
+  float k[kPerLane], v[kPerLane], dk[kPerLane], dv[kPerLane];
+  load_row<T, TPR>(static_cast<const T*>(a.k), a.sk, b, h, kj, g, part, k);
+  load_row<T, TPR>(static_cast<const T*>(a.v), a.sv, b, h, kj, g, part, v);
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    k[c] *= a.scale;
+    dk[c] = dv[c] = 0.0f;
+  }
+  const float* lse = a.lse + bh * g.T;
+  const float* dib = di + bh * g.T;
+  // Queries before k0 see none of these keys.
+  for (int64_t q0 = k0; q0 < g.T; q0 += kTile) {
+    __syncthreads();
+    load_tile<T, DP>(qs, static_cast<const T*>(a.q), a.sq, b, h, q0, g);
+    load_tile<T, DP>(dos, static_cast<const T*>(a.dout), a.sdo, b, h, q0, g);
+    if (threadIdx.x < kTile) {
+      const int64_t t = q0 + threadIdx.x;
+      lse_s[threadIdx.x] = t < g.T ? lse[t] : 0.0f;
+      di_s[threadIdx.x] = t < g.T ? dib[t] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int i = 0; i < kTile; ++i) {
+      const int64_t qi = q0 + i;
+      float ps = 0.0f, pd = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        ps += qs[i][part + TPR * c] * k[c];
+        pd += dos[i][part + TPR * c] * v[c];
+      }
+      const float sc = group_sum<TPR>(ps);
+      const float dp = group_sum<TPR>(pd);
+      const bool valid = qi >= kj && qi < g.T && kj < g.T;
+      const float p = valid ? expf(sc - lse_s[i]) : 0.0f;
+      const float ds = p * (dp - di_s[i]);
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        dv[c] += p * dos[i][part + TPR * c];
+        dk[c] += ds * qs[i][part + TPR * c];
+      }
+    }
+  }
+  store_row<T, TPR>(static_cast<T*>(a.dk), a.sdk, b, h, kj, g, part, dk, a.scale);
+  store_row<T, TPR>(static_cast<T*>(a.dv), a.sdv, b, h, kj, g, part, dv, 1.0f);
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBackward a, Geo g, int64_t tiles,
+                                                               const float* __restrict__ di) {
+  constexpr int TPR = DP / kPerLane, BR = kThreads / TPR;
+  __shared__ float ks[kTile][DP];
+  __shared__ float vs[kTile][DP];
+  int64_t bh, tile;
+  block_coords(g.B * g.H, tiles, true, bh, tile);
+  const int64_t b = bh / g.H, h = bh % g.H;
+  const int row = threadIdx.x / TPR, part = threadIdx.x % TPR;
+  const int64_t q0 = tile * BR, qi = q0 + row;
+  float q[kPerLane], dout[kPerLane], dq[kPerLane];
+  load_row<T, TPR>(static_cast<const T*>(a.q), a.sq, b, h, qi, g, part, q);
+  load_row<T, TPR>(static_cast<const T*>(a.dout), a.sdo, b, h, qi, g, part, dout);
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    q[c] *= a.scale;
+    dq[c] = 0.0f;
+  }
+  const bool row_ok = qi < g.T;
+  const float lse = row_ok ? a.lse[bh * g.T + qi] : 0.0f;
+  const float dii = row_ok ? di[bh * g.T + qi] : 0.0f;
+  const int64_t kend = q0 + BR < g.T ? q0 + BR : g.T;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads();
+    load_tile<T, DP>(ks, static_cast<const T*>(a.k), a.sk, b, h, k0, g);
+    load_tile<T, DP>(vs, static_cast<const T*>(a.v), a.sv, b, h, k0, g);
+    __syncthreads();
+#pragma unroll 4
+    for (int j = 0; j < kTile; ++j) {
+      const int64_t kj = k0 + j;
+      float ps = 0.0f, pd = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        ps += q[c] * ks[j][part + TPR * c];
+        pd += dout[c] * vs[j][part + TPR * c];
+      }
+      const float sc = group_sum<TPR>(ps);
+      const float dp = group_sum<TPR>(pd);
+      const bool valid = row_ok && kj <= qi && kj < g.T;
+      const float p = valid ? expf(sc - lse) : 0.0f;
+      const float ds = p * (dp - dii);
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) dq[c] += ds * ks[j][part + TPR * c];
+    }
+  }
+  store_row<T, TPR>(static_cast<T*>(a.dq), a.sdq, b, h, qi, g, part, dq, a.scale);
+}
+
+// ------------------------------------------------------------------ dispatch
+int padded_d(int64_t D) {
+  if (D <= 16) return 16;
+  if (D <= 32) return 32;
+  if (D <= 64) return 64;
+  return 128;
+}
+
+template <typename F>
+void with_dp(int dp, F&& f) {
+  switch (dp) {
+    case 16: f(std::integral_constant<int, 16>{}); return;
+    case 32: f(std::integral_constant<int, 32>{}); return;
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    default: f(std::integral_constant<int, 128>{}); return;
+  }
+}
+
+void check_shape(const AttnShape& s, const char* what) {
+  BT_CHECK(s.B >= 0 && s.H >= 0 && s.T >= 0 && s.D >= 0, "cuda ", what, ": negative shape (B ", s.B, ", H ", s.H,
+           ", T ", s.T, ", D ", s.D, ")");
+  BT_CHECK(s.D <= 128, "cuda ", what, ": head dim D = ", s.D,
+           " is not supported on CUDA (D must be 1..128; 16, 32, 64 and 128 are the tuned sizes)");
+}
+
+unsigned grid_for(const Geo& g, int64_t tiles, const char* what) {
+  const int64_t blocks = g.B * g.H * tiles;
+  BT_CHECK(blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", g.B * g.H, ", tiles ", tiles, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace
+
+void attention_forward(const AttnForward& a, cudaStream_t stream) {
+  check_shape(a.shape, "attention_forward");
+  dispatch_float(a.dt, "attention_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const Geo g{a.shape.B, a.shape.H, a.shape.T, a.shape.D};
+    if (g.B * g.H * g.T == 0) return;
+    BT_CHECK(a.q && a.k && a.v && a.o, "cuda attention_forward: null q, k, v or o");
+    if (g.D == 0) {  // empty head: O has no elements; softmax over zero scores is uniform
+      BT_CHECK(a.lse == nullptr, "cuda attention_forward: D = 0 is not supported with lse");
+      return;
+    }
+    with_dp(padded_d(g.D), [&](auto dpc) {
+      constexpr int DP = decltype(dpc)::value;
+      constexpr int BR = kThreads / (DP / kPerLane);
+      const int64_t tiles = ceil_div(g.T, BR);
+      attn_fwd_kernel<T, DP><<<grid_for(g, tiles, "attention_forward"), kThreads, 0, stream>>>(a, g, tiles);
+      BT_KERNEL_CHECK();
+    });
+  });
+}
+
+size_t attention_backward_scratch_floats(const AttnShape& s) {
+  if (s.B <= 0 || s.H <= 0 || s.T <= 0) return 0;
+  return static_cast<size_t>(s.B * s.H * s.T);
+}
+
+void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream) {
+  check_shape(a.shape, "attention_backward");
+  dispatch_float(a.dt, "attention_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const Geo g{a.shape.B, a.shape.H, a.shape.T, a.shape.D};
+    if (g.B * g.H * g.T == 0 || g.D == 0) return;
+    BT_CHECK(a.q && a.k && a.v && a.o && a.dout && a.lse && a.dq && a.dk && a.dv,
+             "cuda attention_backward: null input or output buffer");
+    BT_CHECK(scratch != nullptr, "cuda attention_backward: null scratch (allocate attention_backward_scratch_floats "
+             "floats)");
+    const int64_t rows = g.B * g.H * g.T;
+    BT_CHECK(ceil_div(rows, 8) < INT_MAX, "cuda attention_backward: too many rows");
+    attn_bwd_dot_kernel<T><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(a, g, scratch);
+    BT_KERNEL_CHECK();
+    with_dp(padded_d(g.D), [&](auto dpc) {
+      constexpr int DP = decltype(dpc)::value;
+      constexpr int BR = kThreads / (DP / kPerLane);
+      const int64_t tiles = ceil_div(g.T, BR);
+      const unsigned blocks = grid_for(g, tiles, "attention_backward");
+      attn_bwd_dkdv_kernel<T, DP><<<blocks, kThreads, 0, stream>>>(a, g, tiles, scratch);
+      BT_KERNEL_CHECK();
+      attn_bwd_dq_kernel<T, DP><<<blocks, kThreads, 0, stream>>>(a, g, tiles, scratch);
+      BT_KERNEL_CHECK();
+    });
+  });
+}
+
+}  // namespace bt::kernels::cuda

@@ -1,0 +1,184 @@
+// CUDA fused softmax cross-entropy: one block per row.
+// Forward: per-thread online (max, sum of exp) over the first `vocab` columns,
+// combined across the block; writes lse and loss. Backward writes every one of
+// the `ld` columns (0 beyond vocab). 16-byte loads when ld and the base allow.
+#include <climits>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda/common.cuh"
+
+namespace bt::kernels::cuda {
+namespace {
+using namespace detail;
+
+constexpr int kThreads = 512;
+
+struct MaxSum {
+  float m, s;
+};
+
+__device__ __forceinline__ void online_add(MaxSum& st, float v) {
+  if (v > st.m) {
+    st.s = st.s * expf(st.m - v) + 1.0f;
+    st.m = v;
+  } else if (v != -INFINITY) {
+    st.s += expf(v - st.m);  // NaN v propagates through here
+  }
+}
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return MaxSum{m, 0.0f};
+  // NaN in either sum propagates; fmaxf ignores a NaN max, the sums keep it.
+  return MaxSum{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+__device__ __forceinline__ MaxSum warp_combine(MaxSum v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum t{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+    v = combine(v, t);
+  }
+  return v;
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads) ce_fwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
+                                                          const int32_t* __restrict__ targets,
+                                                          float* __restrict__ loss, float* __restrict__ lse_out) {
+  __shared__ float sm[32], ss[32];
+  const int64_t row = blockIdx.x;
+  const T* p = logits + row * ld;
+  MaxSum st{-INFINITY, 0.0f};
+  int64_t scalar_begin = 0;
+  if constexpr (kVec) {
+    constexpr int V = kVec16<T>;
+    using P = Pack<T, V>;
+    const int64_t npacks = vocab / V;
+    const P* pp = reinterpret_cast<const P*>(p);
+    for (int64_t i = threadIdx.x; i < npacks; i += kThreads) {
+      const P pk = pp[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) online_add(st, to_float(pk.v[j]));
+    }
+    scalar_begin = npacks * V;
+  }
+  for (int64_t j = scalar_begin + threadIdx.x; j < vocab; j += kThreads) online_add(st, ldf(p + j));
+  st = warp_combine(st);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[warp] = st.m;
+    ss[warp] = st.s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum t = lane < kThreads / 32 ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.0f};
+    t = warp_combine(t);
+    if (lane == 0) {
+      const float lse = t.m + logf(t.s);
+      if (lse_out) lse_out[row] = lse;
+      if (loss) {
+        const int32_t tg = targets[row];
+        float l;
+        if (tg == -1)
+          l = 0.0f;
+        else if (tg < 0 || tg >= vocab)
+          l = __int_as_float(0x7fc00000);  // NaN: out-of-range target
+        else
+          l = lse - ldf(p + tg);
+        loss[row] = l;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float ce_grad(float x, int64_t c, int64_t vocab, int32_t tg, float lse, float dl) {
+  if (c >= vocab || tg == -1) return 0.0f;
+  if (tg < 0 || tg >= vocab) return __int_as_float(0x7fc00000);
+  return (expf(x - lse) - (c == tg ? 1.0f : 0.0f)) * dl;
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads) ce_bwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
+                                                          const int32_t* __restrict__ targets,
+                                                          const float* __restrict__ lse,
+                                                          const float* __restrict__ dloss, T* __restrict__ dlogits) {
+  const int64_t row = blockIdx.x;
+  const T* p = logits + row * ld;
+  T* d = dlogits + row * ld;
+  const int32_t tg = targets[row];
+  const float l = lse[row], dl = dloss[row];
+  if constexpr (kVec) {
+    constexpr int V = kVec16<T>;
+    using P = Pack<T, V>;
+    const int64_t npacks = ld / V;  // ld % V == 0 on this path
+    const P* pp = reinterpret_cast<const P*>(p);
+    P* pd = reinterpret_cast<P*>(d);
+    for (int64_t i = threadIdx.x; i < npacks; i += kThreads) {
+      const int64_t c0 = i * V;
+      P out;
+      if (c0 < vocab) {
+        const P pk = pp[i];  // the whole pack lies inside the row (c0 + V <= ld)
+#pragma unroll
+        for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(ce_grad(to_float(pk.v[j]), c0 + j, vocab, tg, l, dl));
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(0.0f);
+      }
+      pd[i] = out;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < ld; c += kThreads)
+      stf(d + c, c < vocab ? ce_grad(ldf(p + c), c, vocab, tg, l, dl) : 0.0f);
+  }
+}
+
+void check_args(const CrossEntropyArgs& a, const char* what) {
+  BT_CHECK(a.rows >= 0 && a.vocab >= 0, "cuda ", what, ": negative size (rows ", a.rows, ", vocab ", a.vocab, ")");
+  BT_CHECK(a.ld >= a.vocab, "cuda ", what, ": ld ", a.ld, " is smaller than vocab ", a.vocab);
+  BT_CHECK(a.rows < INT_MAX, "cuda ", what, ": too many rows (", a.rows, ")");
+}
+
+}  // namespace
+
+void cross_entropy_forward(const CrossEntropyArgs& a, float* loss, float* lse, cudaStream_t stream) {
+  check_args(a, "cross_entropy_forward");
+  dispatch_float(a.dt, "cross_entropy_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (a.rows == 0) return;
+    BT_CHECK(a.vocab > 0, "cuda cross_entropy_forward: vocab must be positive");
+    BT_CHECK(a.logits != nullptr, "cuda cross_entropy_forward: null logits");
+    BT_CHECK(loss == nullptr || a.targets != nullptr, "cuda cross_entropy_forward: null targets");
+    const T* pl = static_cast<const T*>(a.logits);
+    const bool vec = a.ld % kVec16<T> == 0 && aligned_to(pl, 16);
+    const unsigned blocks = static_cast<unsigned>(a.rows);
+    if (vec)
+      ce_fwd_kernel<T, true><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse);
+    else
+      ce_fwd_kernel<T, false><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse);
+    BT_KERNEL_CHECK();
+  });
+}
+
+void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const float* dloss, void* dlogits,
+                            cudaStream_t stream) {
+  check_args(a, "cross_entropy_backward");
+  dispatch_float(a.dt, "cross_entropy_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (a.rows == 0 || a.ld == 0) return;
+    BT_CHECK(a.logits != nullptr && a.targets != nullptr && lse != nullptr && dloss != nullptr &&
+                 dlogits != nullptr,
+             "cuda cross_entropy_backward: logits, targets, lse, dloss and dlogits must be non-null");
+    const T* pl = static_cast<const T*>(a.logits);
+    T* pd = static_cast<T*>(dlogits);
+    const bool vec = a.ld % kVec16<T> == 0 && aligned_to(pl, 16) && aligned_to(pd, 16);
+    const unsigned blocks = static_cast<unsigned>(a.rows);
+    if (vec)
+      ce_bwd_kernel<T, true><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, lse, dloss, pd);
+    else
+      ce_bwd_kernel<T, false><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, lse, dloss, pd);
+    BT_KERNEL_CHECK();
+  });
+}
+
+}  // namespace bt::kernels::cuda

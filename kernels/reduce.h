@@ -1,0 +1,29 @@
+// Reductions over one dimension of a contiguous buffer viewed as
+// [outer, dim, inner] -> [outer, inner]. Accumulation is in float (F32/BF16)
+// or double (F64). Supported dtypes: F32, F64 on CPU; F32, BF16 on CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/dtype.h"
+#ifdef BT_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace bt::kernels {
+
+enum class ReduceOp : uint8_t { Sum, Mean, Max };
+
+namespace cpu {
+/// For Max, `argmax` (nullable, [outer, inner]) receives the index along dim of
+/// the first maximum. NaN propagates for Max.
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim,
+                int64_t inner, int64_t* argmax);
+}  // namespace cpu
+#ifdef BT_CUDA
+namespace cuda {
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim,
+                int64_t inner, int64_t* argmax, cudaStream_t stream);
+}  // namespace cuda
+#endif
+}  // namespace bt::kernels

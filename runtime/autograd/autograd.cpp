@@ -1,0 +1,135 @@
+// Autograd metadata, the AccumulateGrad sink, and the Tensor autograd methods.
+#include <atomic>
+
+#include "runtime/autograd/engine.h"
+#include "runtime/autograd/grad_mode.h"
+#include "runtime/autograd/meta.h"
+#include "runtime/ops/elementwise.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_next_sequence_nr{0};
+}  // namespace
+
+bool GradMode::enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  Tensor g = std::move(grads[0]);
+  if (!g.defined()) return {};
+  AutogradMeta& m = autograd::meta(leaf_);
+  if (!m.grad.defined()) {
+    // A fresh buffer: the incoming gradient may alias another tensor's.
+    m.grad = g.dtype() == leaf_.dtype() ? g.contiguous().clone() : g.to(leaf_.dtype());
+  } else {
+    BT_CHECK(m.grad.shape() == leaf_.shape(), "the .grad of a tensor of shape ", shape_str(leaf_.shape()),
+             " has shape ", shape_str(m.grad.shape()));
+    m.grad.add_(g);
+  }
+  for (auto& hook : m.grad_ready_hooks) hook(leaf_);
+  return {};
+}
+
+namespace autograd {
+
+AutogradMeta& meta(const Tensor& t) {
+  BT_ASSERT(t.defined());
+  if (!t.impl()->autograd) t.impl()->autograd = std::make_unique<AutogradMeta>();
+  return *t.impl()->autograd;
+}
+
+AutogradMeta* meta_or_null(const Tensor& t) { return t.defined() ? t.impl()->autograd.get() : nullptr; }
+
+Edge edge_of(const Tensor& t) {
+  AutogradMeta* m = meta_or_null(t);
+  if (!m) return {};
+  if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  if (!m->requires_grad) return {};
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(Tensor(t.impl_ptr()));
+    m->grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+void set_history(const Tensor& out, const std::shared_ptr<Node>& fn, uint32_t output_nr) {
+  if (!fn) return;
+  AutogradMeta& m = meta(out);
+  m.grad_fn = fn;
+  m.output_nr = output_nr;
+}
+
+}  // namespace autograd
+
+bool Tensor::requires_grad() const {
+  const AutogradMeta* m = autograd::meta_or_null(*this);
+  return m && (m->requires_grad || m->grad_fn);
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  BT_CHECK(is_leaf(), "requires_grad_() can only be changed on leaf tensors; this one is the output of ",
+           grad_fn()->name(), ". Use detach() to make a new leaf");
+  BT_CHECK(!on || is_floating(dtype()), "only floating-point tensors can require grad, not ", dtype());
+  autograd::meta(*this).requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  const AutogradMeta* m = autograd::meta_or_null(*this);
+  return !m || !m->grad_fn;
+}
+
+Tensor Tensor::grad() const {
+  const AutogradMeta* m = autograd::meta_or_null(*this);
+  return m ? m->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (g.defined()) {
+    BT_CHECK(g.shape() == shape() && g.device() == device(), "set_grad: gradient of shape ", shape_str(g.shape()),
+             " on ", g.device(), " does not match the tensor's shape ", shape_str(shape()), " on ", device());
+  }
+  autograd::meta(*this).grad = g;
+}
+
+void Tensor::zero_grad() const {
+  Tensor g = grad();
+  if (g.defined()) g.zero_();
+}
+
+std::shared_ptr<Node> Tensor::grad_fn() const {
+  const AutogradMeta* m = autograd::meta_or_null(*this);
+  return m ? m->grad_fn : nullptr;
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  Tensor g = gradient;
+  if (!g.defined()) {
+    BT_CHECK(numel() == 1, "backward(): a gradient can be created implicitly only for a scalar output, but this "
+             "tensor has shape ", shape_str(shape()), "; pass a gradient of the same shape");
+    g = ones(shape(), options());
+  }
+  BT_CHECK(g.shape() == shape(), "backward(): gradient shape ", shape_str(g.shape()),
+           " does not match the tensor's shape ", shape_str(shape()));
+  autograd::run_backward({*this}, {g}, retain_graph);
+}
+
+void Tensor::register_grad_ready_hook(std::function<void(const Tensor&)> hook) const {
+  BT_CHECK(is_leaf() && requires_grad(), "grad-ready hooks can only be registered on leaf tensors that require grad");
+  autograd::meta(*this).grad_ready_hooks.push_back(std::move(hook));
+}
+
+}  // namespace bt

@@ -1,0 +1,31 @@
+#include "runtime/core/precision.h"
+
+#include <atomic>
+
+#include "kernels/common/error.h"
+
+namespace bt {
+namespace {
+std::atomic<Precision> g_precision{Precision::FP32};
+}
+
+Precision precision() { return g_precision.load(); }
+void set_precision(Precision p) { g_precision.store(p); }
+
+Precision parse_precision(std::string_view s) {
+  if (s == "fp32") return Precision::FP32;
+  if (s == "tf32") return Precision::TF32;
+  if (s == "bf16") return Precision::BF16;
+  BT_FAIL("unknown precision '", s, "'; use fp32, tf32 or bf16");
+}
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::FP32: return "fp32";
+    case Precision::TF32: return "tf32";
+    case Precision::BF16: return "bf16";
+  }
+  return "?";
+}
+
+}  // namespace bt

@@ -1,0 +1,74 @@
+#include "runtime/ops/cross_entropy.h"
+
+#include "kernels/cross_entropy.h"
+#include "runtime/autograd/function.h"
+#include "runtime/autograd/grad_mode.h"
+#include "runtime/ops/dispatch.h"
+#include "runtime/ops/elementwise.h"
+#include "runtime/ops/reduce.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt {
+
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t vocab) {
+  detail::check_defined("cross_entropy", logits_in, "logits");
+  detail::check_defined("cross_entropy", targets_in, "targets");
+  detail::check_dtype("cross_entropy", logits_in, "logits", {DType::F32, DType::F64, DType::BF16});
+  detail::check_dtype("cross_entropy", targets_in, "targets", {DType::I32});
+  detail::check_same_device("cross_entropy", logits_in, targets_in);
+  BT_CHECK(logits_in.dim() >= 1, "cross_entropy: logits need a vocabulary dimension");
+  const int64_t ld = logits_in.size(-1);
+  const int64_t rows = ld ? logits_in.numel() / ld : 0;
+  if (vocab < 0) vocab = ld;
+  BT_CHECK(vocab > 0 && vocab <= ld, "cross_entropy: vocab ", vocab, " must be in [1, ", ld, "] (logits' last dim)");
+  BT_CHECK(targets_in.numel() == rows, "cross_entropy: ", targets_in.numel(), " targets (shape ",
+           shape_str(targets_in.shape()), ") for ", rows, " rows of logits (shape ", shape_str(logits_in.shape()), ")");
+  Tensor logits = logits_in.reshape({rows, ld}).contiguous();
+  Tensor targets = targets_in.reshape({rows}).contiguous();
+
+  // Validate targets on the host (a small copy) and count the rows that count.
+  const std::vector<int32_t> t = targets.to_vector<int32_t>();
+  int64_t valid = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    BT_CHECK(t[i] == -1 || (t[i] >= 0 && t[i] < vocab), "cross_entropy: target ", t[i], " at position ", i,
+             " is outside [0, ", vocab, "); use -1 to ignore a position");
+    valid += t[i] != -1;
+  }
+
+  kernels::CrossEntropyArgs a{logits.dtype(), logits.data_ptr(), rows, vocab, ld, targets.data<int32_t>()};
+  TensorOptions f32{DType::F32, logits.device()};
+  Tensor loss = empty({rows}, f32), lse = empty({rows}, f32);
+  detail::on_device(
+      logits.device(), [&] { kernels::cpu::cross_entropy_forward(a, loss.data<float>(), lse.data<float>()); },
+      BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_forward(a, loss.data<float>(), lse.data<float>(), stream)));
+  const double inv = 1.0 / static_cast<double>(std::max<int64_t>(valid, 1));
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = mul(sum(loss), inv);
+  }
+  if (autograd::any_requires_grad({&logits_in}))
+    autograd::record("CrossEntropyBackward", {&logits_in, nullptr}, out,
+                     [sl = SavedTensor(logits, "cross_entropy"), st = SavedTensor(targets, "cross_entropy"),
+                      slse = SavedTensor(lse, "cross_entropy"), inv, rows, vocab, ld,
+                      shape = logits_in.shape()](autograd::Grads& g) -> autograd::Grads {
+                       Tensor logits = sl.unpack(), targets = st.unpack(), lse = slse.unpack();
+                       // d(mean)/d(loss_row) = g / valid for every row (ignored rows get 0 in the kernel).
+                       Tensor dloss = mul(g[0].to(DType::F32), inv).reshape({1}).expand({rows}).contiguous();
+                       Tensor dlogits = empty(logits.shape(), logits.options());
+                       kernels::CrossEntropyArgs a{logits.dtype(), logits.data_ptr(), rows, vocab, ld,
+                                                   targets.data<int32_t>()};
+                       detail::on_device(
+                           logits.device(),
+                           [&] {
+                             kernels::cpu::cross_entropy_backward(a, lse.data<float>(), dloss.data<float>(),
+                                                                  dlogits.data_ptr());
+                           },
+                           BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_backward(a, lse.data<float>(), dloss.data<float>(),
+                                                                                dlogits.data_ptr(), stream)));
+                       return {dlogits.view(shape), Tensor()};
+                     });
+  return out;
+}
+
+}  // namespace bt

@@ -1,0 +1,16 @@
+// Softmax cross-entropy fused with the logits (kernels/cross_entropy.h),
+// differentiable.
+#pragma once
+
+#include "runtime/tensor/tensor.h"
+
+namespace bt {
+
+/// Mean over rows of -log softmax(logits)[target]. logits: [N, Vp] (or
+/// [..., Vp], flattened); targets: i32 with N elements, -1 = ignore.
+/// `vocab` (default Vp) limits the softmax to the first `vocab` columns, so a
+/// vocabulary padded to Vp columns trains as if it had `vocab`. Targets
+/// outside [0, vocab) are an error that names the first bad position.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab = -1);
+
+}  // namespace bt

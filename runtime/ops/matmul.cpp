@@ -1,0 +1,216 @@
+#include "runtime/ops/matmul.h"
+
+#include "kernels/gemm.h"
+#include "runtime/autograd/function.h"
+#include "runtime/core/precision.h"
+#include "runtime/ops/dispatch.h"
+#include "runtime/ops/gelu.h"
+#include "runtime/ops/reduce.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt {
+namespace {
+
+using autograd::Grads;
+
+/// How the last two dims of a tensor map onto a BLAS matrix operand.
+struct MatOperand {
+  Tensor t;  // possibly a contiguous copy
+  bool trans = false;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+/// Batch dims (all but the last two) must collapse to one uniform stride.
+bool uniform_batch(const Tensor& t, int64_t& stride) {
+  const int nb = t.dim() - 2;
+  stride = 0;
+  int64_t expect = -1;
+  for (int i = nb - 1; i >= 0; --i) {
+    if (t.shape()[i] == 1) continue;
+    if (expect >= 0 && t.strides()[i] != expect) return false;
+    if (expect < 0) stride = t.strides()[i];
+    expect = t.strides()[i] * t.shape()[i];
+  }
+  return true;
+}
+
+MatOperand operand(const Tensor& t_in) {
+  MatOperand op;
+  op.t = t_in;
+  const int r = t_in.dim() - 2, c = t_in.dim() - 1;
+  const int64_t rows = t_in.shape()[r], cols = t_in.shape()[c];
+  int64_t bs = 0;
+  if (uniform_batch(t_in, bs)) {
+    if (t_in.strides()[c] == 1 && t_in.strides()[r] >= std::max<int64_t>(cols, 1)) {
+      op.ld = t_in.strides()[r];
+      op.batch_stride = bs;
+      return op;
+    }
+    if (t_in.strides()[r] == 1 && t_in.strides()[c] >= std::max<int64_t>(rows, 1) && cols > 1) {
+      op.trans = true;
+      op.ld = t_in.strides()[c];
+      op.batch_stride = bs;
+      return op;
+    }
+  }
+  op.t = t_in.contiguous();
+  op.ld = std::max<int64_t>(cols, 1);
+  op.batch_stride = rows * cols;
+  return op;
+}
+
+void run_gemm(kernels::GemmArgs& g, const Device& d) {
+  if (g.m == 0 || g.n == 0) return;
+  g.allow_tf32 = precision() == Precision::TF32;
+  detail::on_device(d, [&] { kernels::cpu::gemm(g); }, BT_CUDA_LAMBDA(kernels::cuda::gemm(g, stream)));
+}
+
+constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
+
+Tensor matmul_raw(const Tensor& a, const Tensor& b) {
+  detail::check_defined("matmul", a, "a");
+  detail::check_defined("matmul", b, "b");
+  detail::check_same_device("matmul", a, b);
+  detail::check_same_dtype("matmul", a, b);
+  detail::check_dtype("matmul", a, "a", kGemmTypes);
+  BT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: both operands need at least 2 dimensions, got ",
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  BT_CHECK(b.size(-2) == K, "matmul: inner dimensions differ: a is ", shape_str(a.shape()), ", b is ",
+           shape_str(b.shape()), " (", K, " vs ", b.size(-2), ")");
+  const Shape batch(a.shape().begin(), a.shape().end() - 2);
+  if (b.dim() > 2) {
+    const Shape bb(b.shape().begin(), b.shape().end() - 2);
+    BT_CHECK(bb == batch, "matmul: batch dimensions differ: ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
+  }
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor y = empty(out_shape, a.options());
+  const int64_t nbatch = shape_numel(batch);
+  if (y.numel() == 0) return y;
+  if (K == 0) return y.zero_();
+
+  kernels::GemmArgs g;
+  g.dtype = a.dtype();
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.c = y.data_ptr();
+  g.ldc = N;
+  MatOperand oa = operand(a), ob = operand(b);
+  if (b.dim() == 2 && nbatch > 1) {
+    // Shared right operand: fold the batch into M when a's rows are evenly spaced.
+    if (!oa.trans && (oa.batch_stride == M * oa.ld || nbatch == 1)) {
+      g.m = M * nbatch;
+    } else {
+      oa = operand(a.contiguous());
+      g.m = M * nbatch;
+    }
+    g.batch = 1;
+  } else {
+    g.batch = nbatch;
+    g.stride_a = oa.batch_stride;
+    g.stride_b = ob.batch_stride;
+    g.stride_c = M * N;
+  }
+  g.a = oa.t.data_ptr();
+  g.trans_a = oa.trans;
+  g.lda = oa.ld;
+  g.b = ob.t.data_ptr();
+  g.trans_b = ob.trans;
+  g.ldb = ob.ld;
+  run_gemm(g, a.device());
+  return y;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor y = matmul_raw(a, b);
+  if (autograd::any_requires_grad({&a, &b}))
+    autograd::record("MatmulBackward", {&a, &b}, y,
+                     [sa = SavedTensor(a, "matmul"), sb = SavedTensor(b, "matmul"), ra = a.requires_grad(),
+                      rb = b.requires_grad()](Grads& g) -> Grads {
+                       Tensor a = sa.unpack(), b = sb.unpack();
+                       Tensor ga, gb;
+                       if (ra) ga = matmul_raw(g[0], b.transpose(-1, -2));
+                       if (rb) {
+                         if (b.dim() == 2 && a.dim() > 2)
+                           gb = matmul_raw(a.reshape({-1, a.size(-1)}).t(), g[0].reshape({-1, g[0].size(-1)}));
+                         else
+                           gb = matmul_raw(a.transpose(-1, -2), g[0]);
+                       }
+                       return {ga, gb};
+                     });
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  detail::check_defined("linear", x, "x");
+  detail::check_defined("linear", w, "weight");
+  detail::check_same_device("linear", x, w);
+  detail::check_same_dtype("linear", x, w);
+  detail::check_dtype("linear", x, "x", kGemmTypes);
+  detail::check_dim("linear", w, "weight", 2);
+  BT_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input features ", x.dim() ? x.size(-1) : 0,
+           " (x shape ", shape_str(x.shape()), ") do not match weight shape ", shape_str(w.shape()), " [out, in]");
+  if (bias.defined()) {
+    detail::check_same_device("linear", x, bias);
+    detail::check_same_dtype("linear", x, bias);
+    BT_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "linear: bias shape ", shape_str(bias.shape()),
+             " does not match ", w.size(0), " output features");
+  }
+  const int64_t in = w.size(1), out = w.size(0);
+  Tensor x2 = x.reshape({-1, in}).contiguous();
+  Tensor wc = w.contiguous();
+  Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+  const int64_t rows = x2.size(0);
+  Tensor y = empty({rows, out}, x.options());
+  const bool need_grad = autograd::any_requires_grad({&x, &w, &bias});
+  Tensor pre = act == Activation::Gelu && need_grad ? empty({rows, out}, x.options()) : Tensor();
+  if (rows > 0) {
+    kernels::GemmArgs g;
+    g.dtype = x.dtype();
+    g.m = rows;
+    g.n = out;
+    g.k = in;
+    g.a = x2.data_ptr();
+    g.lda = in;
+    g.b = wc.data_ptr();
+    g.ldb = in;
+    g.trans_b = true;
+    g.c = y.data_ptr();
+    g.ldc = out;
+    g.bias = bc.defined() ? bc.data_ptr() : nullptr;
+    g.epilogue = act == Activation::Gelu ? (bc.defined() ? kernels::Epilogue::BiasGelu : kernels::Epilogue::Gelu)
+                                         : (bc.defined() ? kernels::Epilogue::Bias : kernels::Epilogue::None);
+    g.pre_gelu = pre.defined() ? pre.data_ptr() : nullptr;
+    if (in == 0) {
+      y.zero_();
+      if (bc.defined()) y.add_(bc);
+    } else {
+      run_gemm(g, x.device());
+    }
+  }
+  Shape ys = x.shape();
+  ys.back() = out;
+  y = y.view(ys);
+  if (need_grad)
+    autograd::record(
+        "LinearBackward", {&x, &w, &bias}, y,
+        [sx = SavedTensor(x2, "linear"), sw = SavedTensor(wc, "linear"), spre = SavedTensor(pre, "linear"),
+         xs = x.shape(), has_bias = bias.defined(), act, in, out](Grads& g) -> Grads {
+          Tensor gy = g[0].reshape({-1, out});
+          if (act == Activation::Gelu) gy = gelu_backward(spre.unpack(), gy);
+          Tensor x2 = sx.unpack(), w = sw.unpack();
+          Tensor gx = matmul_raw(gy, w).reshape(xs);
+          Tensor gw = matmul_raw(gy.t(), x2);
+          Tensor gb = has_bias ? sum(gy, {0}) : Tensor();
+          return {gx, gw, gb};
+        });
+  return y;
+}
+
+}  // namespace bt

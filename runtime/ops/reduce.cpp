@@ -1,0 +1,149 @@
+#include "runtime/ops/reduce.h"
+
+#include <algorithm>
+
+#include "kernels/reduce.h"
+#include "kernels/scatter.h"
+#include "runtime/autograd/function.h"
+#include "runtime/autograd/grad_mode.h"
+#include "runtime/ops/dispatch.h"
+#include "runtime/ops/elementwise.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt {
+namespace {
+
+using autograd::Grads;
+using kernels::ReduceOp;
+
+struct Split {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+
+Split split_at(const Shape& s, int d) {
+  Split p;
+  for (int i = 0; i < static_cast<int>(s.size()); ++i) {
+    if (i < d) p.outer *= s[i];
+    else if (i == d) p.dim = s[i];
+    else p.inner *= s[i];
+  }
+  return p;
+}
+
+/// Reduces one dim of x (keepdim shape). argmax (I64) is filled for Max when non-null.
+Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax) {
+  detail::check_dtype("reduce", x_in, "input", {DType::F32, DType::F64, DType::BF16});
+  Tensor x = x_in.contiguous();
+  const Split p = split_at(x.shape(), d);
+  BT_CHECK(op != ReduceOp::Max || p.dim > 0, "max: cannot reduce an empty dimension (size 0)");
+  Shape out_shape = x.shape();
+  out_shape[d] = 1;
+  Tensor y = empty(out_shape, x.options());
+  int64_t* am = nullptr;
+  if (argmax) {
+    *argmax = empty(out_shape, TensorOptions{DType::I64, x.device()});
+    am = argmax->data<int64_t>();
+  }
+  detail::on_device(
+      x.device(), [&] { kernels::cpu::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am); },
+      BT_CUDA_LAMBDA(kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am,
+                                               stream)));
+  return y;
+}
+
+std::vector<int> normalize_dims(const std::vector<int64_t>& dims, int ndim, const char* op) {
+  std::vector<int> out;
+  for (int64_t d : dims) out.push_back(normalize_dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  BT_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), op, ": a dimension appears twice");
+  return out;
+}
+
+Shape drop_dims(const Shape& s, const std::vector<int>& dims) {
+  Shape out;
+  for (int i = 0; i < static_cast<int>(s.size()); ++i)
+    if (!std::binary_search(dims.begin(), dims.end(), i)) out.push_back(s[i]);
+  return out;
+}
+
+Tensor sum_raw(const Tensor& x, const std::vector<int>& dims, bool keepdim, bool mean) {
+  Tensor y = x;
+  int64_t count = 1;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    count *= x.shape()[*it];
+    y = reduce_one(ReduceOp::Sum, y, *it, nullptr);
+  }
+  if (dims.empty()) y = x.contiguous().clone();
+  if (mean) {
+    NoGradGuard ng;
+    y = mul(y, 1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
+  }
+  return keepdim ? y : y.reshape(drop_dims(x.shape(), dims));
+}
+
+Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim, bool mean) {
+  detail::check_defined(mean ? "mean" : "sum", x, "input");
+  const std::vector<int> dims = normalize_dims(dims_in, x.dim(), mean ? "mean" : "sum");
+  Tensor y;
+  {
+    NoGradGuard ng;
+    y = sum_raw(x, dims, keepdim, mean);
+  }
+  if (autograd::any_requires_grad({&x})) {
+    int64_t count = 1;
+    for (int d : dims) count *= x.shape()[d];
+    Shape kept = x.shape();
+    for (int d : dims) kept[d] = 1;
+    autograd::record(mean ? "MeanBackward" : "SumBackward", {&x}, y,
+                     [kept, xs = x.shape(), scale = mean ? 1.0 / std::max<int64_t>(count, 1) : 1.0](Grads& g) -> Grads {
+                       Tensor gi = g[0].reshape(kept).expand(xs).contiguous();
+                       return {scale == 1.0 ? gi : mul(gi, scale)};
+                     });
+  }
+  return y;
+}
+
+std::vector<int64_t> all_dims(const Tensor& x) {
+  std::vector<int64_t> d(x.dim());
+  for (int i = 0; i < x.dim(); ++i) d[i] = i;
+  return d;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return sum_impl(x, dims, keepdim, false); }
+Tensor sum(const Tensor& x) { return sum_impl(x, all_dims(x), false, false); }
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return sum_impl(x, dims, keepdim, true); }
+Tensor mean(const Tensor& x) { return sum_impl(x, all_dims(x), false, true); }
+
+Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
+  detail::check_defined("max", x, "input");
+  const int d = normalize_dim(dim_in, x.dim(), "max");
+  Tensor argmax;
+  Tensor y = reduce_one(ReduceOp::Max, x, d, &argmax);
+  Shape kept = y.shape();
+  if (!keepdim) y = y.detach().reshape(drop_dims(x.shape(), {d}));
+  if (autograd::any_requires_grad({&x}))
+    autograd::record("MaxBackward", {&x}, y,
+                     [kept, xs = x.shape(), d, argmax = SavedTensor(argmax, "max")](Grads& g) -> Grads {
+                       Tensor dy = g[0].reshape(kept).contiguous();
+                       Tensor am = argmax.unpack();
+                       Tensor dx = empty(xs, dy.options());
+                       const Split p = split_at(xs, d);
+                       detail::on_device(
+                           dx.device(),
+                           [&] {
+                             kernels::cpu::argmax_scatter(dx.dtype(), dy.data_ptr(), am.data<int64_t>(), dx.data_ptr(),
+                                                          p.outer, p.dim, p.inner);
+                           },
+                           BT_CUDA_LAMBDA(kernels::cuda::argmax_scatter(dx.dtype(), dy.data_ptr(), am.data<int64_t>(),
+                                                                        dx.data_ptr(), p.outer, p.dim, p.inner,
+                                                                        stream)));
+                       return {dx};
+                     });
+  return y;
+}
+
+Tensor max(const Tensor& x) { return max(x.reshape({x.numel()}), 0, false); }
+
+}  // namespace bt

@@ -1,0 +1,165 @@
+// Batched row-major GEMM with epilogues against a naive double reference.
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tests/kernels/cpu/kernel_test_util.h"
+
+namespace bt::test {
+namespace {
+using kernels::Epilogue;
+using kernels::GemmArgs;
+namespace cpu = kernels::cpu;
+
+double gelu_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+struct Case {
+  int64_t m, n, k;
+  bool ta, tb;
+  int64_t batch = 1;
+  float alpha = 1.0f, beta = 0.0f;
+  Epilogue epi = Epilogue::None;
+  int64_t pad = 0;          // extra columns in every leading dimension
+  bool bcast_b = false;     // stride_b = 0: one B for all batch items
+  bool with_pre = false;    // request pre_gelu
+};
+
+std::string describe(DType dt, const Case& c) {
+  return bt::cat(dtype_name(dt), " m=", c.m, " n=", c.n, " k=", c.k, " ta=", c.ta, " tb=", c.tb, " batch=", c.batch,
+                 " alpha=", c.alpha, " beta=", c.beta, " epi=", static_cast<int>(c.epi), " pad=", c.pad);
+}
+
+void run_case(DType dt, const Case& c, uint32_t seed) {
+  SCOPED_TRACE(describe(dt, c));
+  const int64_t ar = c.ta ? c.k : c.m, ac = c.ta ? c.m : c.k;  // stored shape of A
+  const int64_t br = c.tb ? c.n : c.k, bc = c.tb ? c.k : c.n;
+  GemmArgs g;
+  g.dtype = dt;
+  g.trans_a = c.ta, g.trans_b = c.tb;
+  g.m = c.m, g.n = c.n, g.k = c.k;
+  g.alpha = c.alpha, g.beta = c.beta;
+  g.lda = std::max<int64_t>(ac, 1) + c.pad;
+  g.ldb = std::max<int64_t>(bc, 1) + c.pad;
+  g.ldc = std::max<int64_t>(c.n, 1) + c.pad;
+  g.batch = c.batch;
+  g.stride_a = ar * g.lda + 3;  // gaps between batch items
+  g.stride_b = c.bcast_b ? 0 : br * g.ldb + 1;
+  g.stride_c = c.m * g.ldc + 2;
+  g.epilogue = c.epi;
+  const int64_t na = std::max<int64_t>(c.batch * g.stride_a, 1), nb = std::max<int64_t>(c.batch * g.stride_b + br * g.ldb, 1),
+                nc = c.batch * g.stride_c;
+  Buf A = rand_buf(dt, na, seed), B = rand_buf(dt, nb, seed + 1), C = rand_buf(dt, nc, seed + 2),
+      bias = rand_buf(dt, c.n, seed + 3), pre(dt, nc);
+  if (c.beta == 0.0f)  // C must not be read when beta == 0: poison it
+    for (int64_t i = 0; i < nc; ++i) C.set(i, std::numeric_limits<double>::quiet_NaN());
+  const std::vector<double> a = A.vals(), b = B.vals(), c0 = C.vals(), bv = bias.vals();
+  g.a = A.data(), g.b = B.data(), g.c = C.data(), g.bias = bias.data();
+  if (c.with_pre) g.pre_gelu = pre.data();
+  cpu::gemm(g);
+
+  const bool add_bias = c.epi == Epilogue::Bias || c.epi == Epilogue::BiasGelu;
+  const bool gelu = c.epi == Epilogue::Gelu || c.epi == Epilogue::BiasGelu;
+  std::vector<double> got, ref, got_pre, ref_pre;
+  for (int64_t bi = 0; bi < c.batch; ++bi)
+    for (int64_t r = 0; r < c.m; ++r)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < c.k; ++p) {
+          const double x = a[bi * g.stride_a + (c.ta ? p * g.lda + r : r * g.lda + p)];
+          const double y = b[bi * g.stride_b + (c.tb ? j * g.ldb + p : p * g.ldb + j)];
+          acc += x * y;
+        }
+        const int64_t ci = bi * g.stride_c + r * g.ldc + j;
+        double v = c.alpha * acc + (c.beta != 0.0f ? c.beta * c0[ci] : 0.0);
+        if (add_bias) v += bv[j];
+        if (gelu && c.with_pre) ref_pre.push_back(v), got_pre.push_back(pre.get(ci));
+        if (gelu) v = gelu_ref(v);
+        ref.push_back(v);
+        got.push_back(C.get(ci));
+      }
+  EXPECT_LT(rel_err(got, ref), tol(dt));
+  if (gelu && c.with_pre) {
+    EXPECT_LT(rel_err(got_pre, ref_pre), tol(dt));
+  }
+  // Padding and the gaps between batch items are untouched.
+  for (int64_t bi = 0; bi < c.batch; ++bi)
+    for (int64_t r = 0; r < c.m; ++r)
+      for (int64_t j = c.n; j < g.ldc; ++j) {
+        const int64_t ci = bi * g.stride_c + r * g.ldc + j;
+        if (std::isnan(c0[ci])) {
+          EXPECT_TRUE(std::isnan(C.get(ci)));
+        } else {
+          EXPECT_EQ(C.get(ci), c0[ci]);
+        }
+      }
+}
+
+TEST(GemmCpu, ShapesAndTransposes) {
+  const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 9}, {33, 17, 64}, {1, 33, 17}, {64, 48, 300}};
+  uint32_t seed = 1;
+  for (DType dt : kFloatTypes)
+    for (auto& s : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) run_case(dt, Case{s[0], s[1], s[2], ta, tb}, seed += 4);
+}
+
+TEST(GemmCpu, AlphaBetaPaddingBatch) {
+  uint32_t seed = 1000;
+  for (DType dt : kFloatTypes) {
+    run_case(dt, Case{5, 7, 3, false, false, 1, 0.5f, 0.0f}, seed += 4);
+    run_case(dt, Case{5, 7, 3, false, true, 1, 1.0f, 1.0f}, seed += 4);
+    run_case(dt, Case{17, 3, 33, true, false, 1, -2.0f, 0.25f, Epilogue::None, 5}, seed += 4);
+    run_case(dt, Case{9, 11, 13, false, false, 4, 1.0f, 0.0f, Epilogue::None, 2}, seed += 4);
+    run_case(dt, Case{9, 11, 13, true, true, 3, 0.75f, -1.0f, Epilogue::None, 1, true}, seed += 4);
+    run_case(dt, Case{4, 6, 0, false, false, 2, 1.0f, 0.5f}, seed += 4);  // k = 0: C = beta C
+    run_case(dt, Case{4, 6, 0, false, true, 1, 1.0f, 0.0f}, seed += 4);   // k = 0, beta = 0: zeros
+  }
+}
+
+TEST(GemmCpu, Epilogues) {
+  uint32_t seed = 2000;
+  for (DType dt : kFloatTypes)
+    for (bool ta : {false, true}) {
+      run_case(dt, Case{7, 17, 33, ta, false, 1, 1.0f, 0.0f, Epilogue::Bias}, seed += 4);
+      run_case(dt, Case{7, 17, 33, ta, true, 2, 0.5f, 0.0f, Epilogue::Bias, 3}, seed += 4);
+      for (bool pre : {false, true}) {
+        run_case(dt, Case{7, 17, 33, ta, false, 1, 1.0f, 0.0f, Epilogue::Gelu, 0, false, pre}, seed += 4);
+        run_case(dt, Case{7, 17, 33, ta, true, 1, 0.5f, 1.0f, Epilogue::Gelu, 2, false, pre}, seed += 4);
+        run_case(dt, Case{3, 33, 17, ta, false, 3, 1.0f, 0.0f, Epilogue::BiasGelu, 1, true, pre}, seed += 4);
+        run_case(dt, Case{3, 33, 17, ta, true, 1, 2.0f, 0.5f, Epilogue::BiasGelu, 0, false, pre}, seed += 4);
+      }
+    }
+}
+
+TEST(GemmCpu, Errors) {
+  std::vector<float> buf(64, 1.0f);
+  GemmArgs g;
+  g.m = g.n = g.k = 2;
+  g.lda = g.ldb = g.ldc = 2;
+  g.a = g.b = g.bias = buf.data();
+  g.c = buf.data() + 32;
+  g.epilogue = Epilogue::Bias;
+  g.beta = 1.0f;
+  expect_error([&] { cpu::gemm(g); }, "beta");
+  EXPECT_THROW(cpu::gemm(g), Error);
+  g.epilogue = Epilogue::None;
+  g.beta = 0.0f;
+  g.dtype = DType::F16;
+  expect_error([&] { cpu::gemm(g); }, "gemm: unsupported dtype f16");
+  g.dtype = DType::F32;
+  g.lda = 1;
+  expect_error([&] { cpu::gemm(g); }, "lda");
+  g.lda = 2;
+  g.epilogue = Epilogue::BiasGelu;
+  g.bias = nullptr;
+  expect_error([&] { cpu::gemm(g); }, "bias");
+}
+
+}  // namespace
+}  // namespace bt::test

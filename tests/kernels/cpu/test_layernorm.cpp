@@ -1,0 +1,191 @@
+// LayerNorm forward/backward against double references and finite differences.
+#include "kernels/layernorm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/kernels/cpu/kernel_test_util.h"
+
+namespace bt::test {
+namespace {
+namespace cpu = kernels::cpu;
+
+struct Stats {
+  std::vector<double> mean, rstd;
+};
+
+Stats ref_stats(const std::vector<double>& x, int64_t rows, int64_t cols, double eps) {
+  Stats s;
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < cols; ++j) m += x[r * cols + j];
+    m /= cols;
+    for (int64_t j = 0; j < cols; ++j) v += (x[r * cols + j] - m) * (x[r * cols + j] - m);
+    v /= cols;
+    s.mean.push_back(m);
+    s.rstd.push_back(1.0 / std::sqrt(v + eps));
+  }
+  return s;
+}
+
+std::vector<double> ref_forward(const std::vector<double>& x, const std::vector<double>* w,
+                                const std::vector<double>* b, int64_t rows, int64_t cols, double eps) {
+  const Stats s = ref_stats(x, rows, cols, eps);
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      double v = (x[r * cols + j] - s.mean[r]) * s.rstd[r];
+      if (w) v *= (*w)[j];
+      if (b) v += (*b)[j];
+      y[r * cols + j] = v;
+    }
+  return y;
+}
+
+struct Grads {
+  std::vector<double> dx, dw, db;
+};
+
+/// Backward formula with the given per-row statistics.
+Grads ref_backward(const std::vector<double>& dy, const std::vector<double>& x, const std::vector<double>* w,
+                   const std::vector<double>& mean, const std::vector<double>& rstd, int64_t rows, int64_t cols) {
+  Grads g{std::vector<double>(x.size()), std::vector<double>(cols, 0.0), std::vector<double>(cols, 0.0)};
+  for (int64_t r = 0; r < rows; ++r) {
+    double c1 = 0, c2 = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double xh = (x[r * cols + j] - mean[r]) * rstd[r], gj = dy[r * cols + j] * (w ? (*w)[j] : 1.0);
+      c1 += gj, c2 += gj * xh;
+      g.dw[j] += dy[r * cols + j] * xh;
+      g.db[j] += dy[r * cols + j];
+    }
+    c1 /= cols, c2 /= cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double xh = (x[r * cols + j] - mean[r]) * rstd[r], gj = dy[r * cols + j] * (w ? (*w)[j] : 1.0);
+      g.dx[r * cols + j] = rstd[r] * (gj - c1 - xh * c2);
+    }
+  }
+  return g;
+}
+
+const std::pair<int64_t, int64_t> kShapes[] = {{1, 1}, {1, 17}, {3, 33}, {17, 3}, {4, 256}, {33, 64}};
+
+TEST(LayerNormCpu, Forward) {
+  uint32_t seed = 1;
+  const float eps = 1e-5f;
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : kShapes)
+      for (bool affine : {true, false}) {
+        std::vector<double> xs = randn(rows * cols, seed++, 2.0);
+        for (auto& v : xs) v += 0.5;
+        Buf x(dt, xs), w = rand_buf(dt, cols, seed++), b = rand_buf(dt, cols, seed++), y(dt, rows * cols);
+        std::vector<float> mean(rows), rstd(rows);
+        cpu::layernorm_forward(dt, x.data(), affine ? w.data() : nullptr, affine ? b.data() : nullptr, y.data(),
+                               mean.data(), rstd.data(), rows, cols, eps);
+        const std::vector<double> xv = x.vals(), wv = w.vals(), bv = b.vals();
+        const auto ref = ref_forward(xv, affine ? &wv : nullptr, affine ? &bv : nullptr, rows, cols, eps);
+        EXPECT_LT(rel_err(y.vals(), ref), tol(dt)) << name_of(dt) << " " << rows << "x" << cols;
+        const Stats s = ref_stats(xv, rows, cols, eps);
+        EXPECT_LT(rel_err(std::vector<double>(mean.begin(), mean.end()), s.mean), 1e-5);
+        EXPECT_LT(rel_err(std::vector<double>(rstd.begin(), rstd.end()), s.rstd), 1e-5);
+      }
+}
+
+TEST(LayerNormCpu, Backward) {
+  uint32_t seed = 500;
+  const float eps = 1e-5f;
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : kShapes)
+      for (bool affine : {true, false}) {
+        SCOPED_TRACE(bt::cat(dtype_name(dt), " ", rows, "x", cols, " affine=", affine));
+        std::vector<double> xs = randn(rows * cols, seed++, 2.0);
+        for (auto& v : xs) v += 0.5;
+        Buf x(dt, xs), w = rand_buf(dt, cols, seed++), b = rand_buf(dt, cols, seed++), y(dt, rows * cols);
+        Buf dy = rand_buf(dt, rows * cols, seed++), dx(dt, rows * cols), dw(dt, cols), db(dt, cols);
+        for (int64_t j = 0; j < cols; ++j) dw.set(j, 123.0), db.set(j, -7.0);  // must be overwritten
+        std::vector<float> mean(rows), rstd(rows);
+        const void* wp = affine ? w.data() : nullptr;
+        cpu::layernorm_forward(dt, x.data(), wp, affine ? b.data() : nullptr, y.data(), mean.data(), rstd.data(),
+                               rows, cols, eps);
+        cpu::layernorm_backward(dt, dy.data(), x.data(), wp, mean.data(), rstd.data(), dx.data(),
+                                affine ? dw.data() : nullptr, affine ? db.data() : nullptr, rows, cols);
+        const std::vector<double> xv = x.vals(), wv = w.vals(), dyv = dy.vals();
+        const Stats s = ref_stats(xv, rows, cols, eps);
+        const Grads exact = ref_backward(dyv, xv, affine ? &wv : nullptr, s.mean, s.rstd, rows, cols);
+        if (dt == DType::F64) {
+          // The contract hands rstd over as float: F64 must match the formula
+          // evaluated with that rstd (and the exact double mean) to 1e-12, and
+          // the exact gradient to float-rstd accuracy.
+          const Grads given = ref_backward(dyv, xv, affine ? &wv : nullptr, s.mean,
+                                           std::vector<double>(rstd.begin(), rstd.end()), rows, cols);
+          EXPECT_LT(rel_err(dx.vals(), given.dx), 1e-12);
+          if (affine) {
+            EXPECT_LT(rel_err(dw.vals(), given.dw), 1e-12);
+          }
+          EXPECT_LT(rel_err(dx.vals(), exact.dx), 1e-6);
+        } else {
+          EXPECT_LT(rel_err(dx.vals(), exact.dx), tol(dt));
+        }
+        if (affine) {
+          EXPECT_LT(rel_err(dw.vals(), exact.dw), dt == DType::F64 ? 1e-6 : tol(dt));
+          EXPECT_LT(rel_err(db.vals(), exact.db), tol(dt));
+        } else {
+          EXPECT_EQ(dw.get(0), 123.0);  // untouched when null
+        }
+      }
+}
+
+TEST(LayerNormCpu, F64BackwardMatchesFiniteDifferences) {
+  // L = sum(dy * y(x, w, b)); compare dL/dx, dL/dw, dL/db by central differences.
+  const int64_t rows = 3, cols = 17;
+  const float eps = 1e-5f;
+  std::vector<double> x = randn(rows * cols, 11), w = randn(cols, 12), b = randn(cols, 13), dy = randn(rows * cols, 14);
+  for (auto& v : x) v += 100.0;  // a large mean: the F64 path must not lose it to float
+  auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww, const std::vector<double>& bb) {
+    std::vector<double> y(rows * cols);
+    cpu::layernorm_forward(DType::F64, xx.data(), ww.data(), bb.data(), y.data(), nullptr, nullptr, rows, cols, eps);
+    double l = 0;
+    for (int64_t i = 0; i < rows * cols; ++i) l += dy[i] * y[i];
+    return l;
+  };
+  std::vector<double> y(rows * cols), dx(rows * cols), dw(cols), db(cols);
+  std::vector<float> mean(rows), rstd(rows);
+  cpu::layernorm_forward(DType::F64, x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, cols, eps);
+  cpu::layernorm_backward(DType::F64, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(),
+                          db.data(), rows, cols);
+  const double h = 1e-5;
+  std::vector<double> ndx, ndw, ndb;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    auto xp = x, xm = x;
+    xp[i] += h, xm[i] -= h;
+    ndx.push_back((loss(xp, w, b) - loss(xm, w, b)) / (2 * h));
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    auto wp = w, wm = w, bp = b, bm = b;
+    wp[j] += h, wm[j] -= h, bp[j] += h, bm[j] -= h;
+    ndw.push_back((loss(x, wp, b) - loss(x, wm, b)) / (2 * h));
+    ndb.push_back((loss(x, w, bp) - loss(x, w, bm)) / (2 * h));
+  }
+  EXPECT_LT(rel_err(dx, ndx), 1e-6);
+  EXPECT_LT(rel_err(dw, ndw), 1e-6);
+  EXPECT_LT(rel_err(db, ndb), 1e-8);
+}
+
+TEST(LayerNormCpu, Errors) {
+  std::vector<int32_t> buf(8);
+  std::vector<float> s(2);
+  expect_error([&] {
+    cpu::layernorm_forward(DType::I32, buf.data(), nullptr, nullptr, buf.data(), s.data(), s.data(), 2, 4, 1e-5f);
+  }, "layernorm_forward: unsupported dtype i32");
+  expect_error([&] {
+    cpu::layernorm_backward(DType::F16, buf.data(), buf.data(), nullptr, s.data(), s.data(), buf.data(), nullptr,
+                            nullptr, 2, 4);
+  }, "layernorm_backward");
+  expect_error([&] {
+    cpu::layernorm_forward(DType::F32, buf.data(), nullptr, nullptr, buf.data(), s.data(), s.data(), 2, 0, 1e-5f);
+  }, "cols");
+}
+
+}  // namespace
+}  // namespace bt::test

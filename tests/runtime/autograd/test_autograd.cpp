@@ -1,0 +1,146 @@
+// Engine behaviour: accumulation, no_grad, retain_graph, freed graphs,
+// version checks and grad-ready hooks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/bt.h"
+
+namespace bt {
+namespace {
+
+Tensor param(std::vector<float> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return from_vector<float>(v, {n}).requires_grad_(true);
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwards) {
+  Tensor x = param({1, 2, 3});
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  sum(mul(x, 3.0)).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{5, 7, 9}));
+  x.zero_grad();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, 0, 0}));
+}
+
+TEST(Autograd, SharedSubexpressionSumsBothPaths) {
+  Tensor x = param({2});
+  Tensor y = mul(x, x);  // used twice
+  sum(add(y, mul(y, 3.0))).backward();
+  EXPECT_FLOAT_EQ(x.grad().item<float>(), 16.0f);  // d/dx 4x^2 = 8x
+}
+
+TEST(Autograd, NoGradScopeRecordsNothing) {
+  Tensor x = param({1, 2});
+  Tensor y;
+  {
+    NoGradGuard ng;
+    y = mul(x, 2.0);
+  }
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_THROW(sum(y).backward(), Error);
+  EXPECT_TRUE(GradMode::enabled());
+}
+
+TEST(Autograd, RetainGraphAndFreedGraphError) {
+  Tensor x = param({1, 2});
+  Tensor loss = sum(exp(x));
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  loss.backward();
+  const auto g = x.grad().to_vector<float>();
+  EXPECT_NEAR(g[0], 2 * std::exp(1.0f), 1e-5);
+  try {
+    loss.backward();
+    FAIL() << "expected an error for backward through a freed graph";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, InPlaceModificationOfSavedTensorIsCaught) {
+  Tensor x = param({1, 2, 3});
+  Tensor y = mul(x, 2.0);   // non-leaf
+  Tensor z = exp(y.detach());  // exp saves its output
+  Tensor w = mul(x, z);     // mul saves z
+  {
+    NoGradGuard ng;
+    z.add_(ones({3}));  // modifies a saved tensor
+  }
+  try {
+    sum(w).backward();
+    FAIL() << "expected a version-counter error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("modified in place"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, InPlaceOnLeafRequiringGradIsRefused) {
+  Tensor x = param({1});
+  EXPECT_THROW(x.add_(ones({1})), Error);
+  {
+    NoGradGuard ng;
+    x.add_(ones({1}));  // allowed: what an optimizer does
+  }
+  EXPECT_EQ(x.item<float>(), 2.0f);
+  Tensor y = mul(x, 2.0);
+  EXPECT_THROW(y.mul_(2.0), Error);
+  EXPECT_THROW(y.requires_grad_(false), Error);
+  EXPECT_THROW(from_vector<int32_t>({1}, {1}).requires_grad_(), Error);
+}
+
+TEST(Autograd, NonScalarBackwardNeedsGradient) {
+  Tensor x = param({1, 2});
+  Tensor y = mul(x, 2.0);
+  EXPECT_THROW(y.backward(), Error);
+  y.backward(from_vector<float>({1, 10}, {2}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 20}));
+}
+
+TEST(Autograd, GradReadyHooksFireOncePerBackwardWithFinalGrad) {
+  Tensor a = param({1, 1}), b = param({2, 2});
+  std::vector<std::string> order;
+  std::vector<float> seen;
+  a.register_grad_ready_hook([&](const Tensor& t) {
+    order.push_back("a");
+    seen.push_back(t.grad().to_vector<float>()[0]);
+  });
+  b.register_grad_ready_hook([&](const Tensor&) { order.push_back("b"); });
+  // a is used early and late in the forward: its hook must wait for both uses.
+  Tensor h = mul(a, 3.0);
+  Tensor h2 = mul(h, b);
+  Tensor out = add(h2, mul(a, 5.0));
+  sum(out).backward();
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(seen[0], 3.0f * 2.0f + 5.0f);  // accumulated over both paths
+  sum(out.detach().requires_grad_()).backward();  // unrelated graph: no hooks
+  EXPECT_EQ(order.size(), 2u);
+  Tensor out2 = add(mul(a, b), 0.0);
+  sum(out2).backward();
+  EXPECT_EQ(order.size(), 4u);
+}
+
+TEST(Autograd, HooksFollowReverseForwardOrder) {
+  // Layers applied in order p0, p1, p2: gradients become final in reverse.
+  std::vector<Tensor> p = {param({1}), param({1}), param({1})};
+  std::vector<int> fired;
+  for (int i = 0; i < 3; ++i) p[i].register_grad_ready_hook([&, i](const Tensor&) { fired.push_back(i); });
+  Tensor x = ones({1});
+  for (auto& w : p) x = tanh(mul(x, w));
+  sum(x).backward();
+  EXPECT_EQ(fired, (std::vector<int>{2, 1, 0}));
+}
+
+TEST(Autograd, GradIntoPresetFlatBufferView) {
+  // A .grad that is a view of a flat buffer keeps receiving accumulation in place.
+  Tensor flat = zeros({5});
+  Tensor x = param({1, 2, 3});
+  x.set_grad(flat.narrow(0, 1, 3));
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(flat.to_vector<float>(), (std::vector<float>{0, 2, 4, 6, 0}));
+  x.zero_grad();
+  EXPECT_EQ(flat.to_vector<float>(), (std::vector<float>(5, 0)));
+}
+
+}  // namespace
+}  // namespace bt

@@ -1,0 +1,72 @@
+// User errors end in bt::Error with a message that names the problem.
+#include <gtest/gtest.h>
+
+#include "runtime/bt.h"
+
+namespace bt {
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+#define EXPECT_ERROR_HAS(stmt, text) \
+  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+
+TEST(Errors, ShapeMismatch) {
+  EXPECT_ERROR_HAS(add(zeros({2, 3}), zeros({4})), "cannot be broadcast");
+  EXPECT_ERROR_HAS(add(zeros({2, 3}), zeros({4})), "[2, 3]");
+  EXPECT_ERROR_HAS(matmul(zeros({2, 3}), zeros({4, 5})), "inner dimensions");
+  EXPECT_ERROR_HAS(linear(zeros({2, 3}), zeros({5, 4})), "weight shape");
+  EXPECT_ERROR_HAS(layer_norm(zeros({2, 3}), zeros({4}), Tensor()), "weight");
+  EXPECT_ERROR_HAS(zeros({6}).view({4, -1}), "cannot reshape");
+  EXPECT_ERROR_HAS(causal_attention(zeros({1, 1, 2, 4}), zeros({1, 1, 3, 4}), zeros({1, 1, 2, 4})), "one shape");
+}
+
+TEST(Errors, DTypeMismatch) {
+  EXPECT_ERROR_HAS(add(zeros({2}), zeros({2}, TensorOptions{DType::F64})), "dtype mismatch");
+  EXPECT_ERROR_HAS(exp(zeros({2}, TensorOptions{DType::I32})), "must be one of");
+  EXPECT_ERROR_HAS(zeros({2}).data<double>(), "accessed as f64");
+  EXPECT_ERROR_HAS(embedding(zeros({4, 2}), zeros({2})), "indices");
+  EXPECT_ERROR_HAS(parse_dtype("float8"), "unknown dtype 'float8'");
+}
+
+TEST(Errors, OutOfRangeIndices) {
+  EXPECT_ERROR_HAS(embedding(zeros({4, 2}), from_vector<int32_t>({0, 4}, {2})), "index 4 at position 1");
+  EXPECT_ERROR_HAS(embedding(zeros({4, 2}), from_vector<int32_t>({-2}, {1})), "outside [0, 4)");
+  EXPECT_ERROR_HAS(cross_entropy(zeros({2, 5}), from_vector<int32_t>({1, 7}, {2})), "target 7 at position 1");
+  EXPECT_ERROR_HAS(zeros({2, 3}).select(1, 3), "out of range");
+  EXPECT_ERROR_HAS(sum(zeros({2, 3}), {2}), "dimension 2 is out of range");
+  EXPECT_ERROR_HAS(zeros({3}).item<float>(), "exactly one");
+}
+
+TEST(Errors, DeviceProblems) {
+  EXPECT_ERROR_HAS(parse_device("tpu"), "unknown device 'tpu'");
+  if (!cuda_available()) {
+    EXPECT_ERROR_HAS(zeros({2}, TensorOptions{DType::F32, Device::cuda(0)}), "cuda:0");
+  } else {
+    const int n = cuda_device_count();
+    EXPECT_ERROR_HAS(zeros({2}, TensorOptions{DType::F32, Device::cuda(n)}), "does not exist");
+    EXPECT_ERROR_HAS(add(zeros({2}), zeros({2}, TensorOptions{DType::F32, Device::cuda(0)})), "one device");
+  }
+}
+
+TEST(Errors, BadOptimizerSettings) {
+  Tensor p = zeros({2}).requires_grad_();
+  AdamWOptions o;
+  o.lr = -1;
+  EXPECT_ERROR_HAS(AdamW({p}, o), "learning rate");
+  o.lr = 1e-3;
+  o.beta2 = 1.0;
+  EXPECT_ERROR_HAS(AdamW({p}, o), "betas");
+  EXPECT_ERROR_HAS(parse_precision("fp8"), "unknown precision 'fp8'");
+}
+
+}  // namespace
+}  // namespace bt

@@ -1,0 +1,135 @@
+// Every differentiable op against float64 central finite differences (CPU).
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include "runtime/autograd/function.h"
+#include "tests/support/gradcheck.h"
+
+namespace bt::test {
+namespace {
+
+using V = std::vector<Tensor>;
+
+TEST(Gradcheck, BinaryOpsBroadcast) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return add(v[0], v[1]); }, {leaf({3, 4}, 1), leaf({4}, 2)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sub(v[0], v[1]); }, {leaf({2, 1, 3}, 3), leaf({4, 1}, 4)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return mul(v[0], v[1]); }, {leaf({3, 4}, 5), leaf({3, 1}, 6)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return div(v[0], v[1]); }, {leaf({3, 4}, 7), leaf({4}, 8, 0.5, 2.0)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return pow(v[0], v[1]); }, {leaf({3, 4}, 9, 0.5, 2.0), leaf({4}, 10)}));
+}
+
+TEST(Gradcheck, ScalarAndUnaryOps) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return add(v[0], 2.5); }, {leaf({5}, 11)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return mul(v[0], -3.0); }, {leaf({5}, 12)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return pow(v[0], 3.0); }, {leaf({2, 3}, 13)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return pow(v[0], 0.5); }, {leaf({2, 3}, 14, 0.5, 2.0)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return neg(v[0]); }, {leaf({4}, 15)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return exp(v[0]); }, {leaf({2, 3}, 16)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return log(v[0]); }, {leaf({2, 3}, 17, 0.5, 2.0)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return tanh(v[0]); }, {leaf({2, 3}, 18)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sqrt(v[0]); }, {leaf({2, 3}, 19, 0.5, 2.0)}));
+}
+
+TEST(Gradcheck, Reductions) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return sum(v[0]); }, {leaf({3, 4}, 20)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sum(v[0], {0, 2}); }, {leaf({2, 3, 4}, 21)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sum(v[0], {-1}, true); }, {leaf({2, 3, 4}, 22)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return mean(v[0], {1}); }, {leaf({2, 3, 4}, 23)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return mean(v[0]); }, {leaf({5, 2}, 24)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return max(v[0], 1); }, {leaf({3, 5, 2}, 25)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return max(v[0], 0, true); }, {leaf({4, 3}, 26)}));
+}
+
+TEST(Gradcheck, Softmax) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return softmax(v[0]); }, {leaf({3, 7}, 27)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return softmax(v[0], 0); }, {leaf({4, 3}, 28)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return log_softmax(v[0]); }, {leaf({2, 3, 5}, 29)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return log_softmax(v[0], 1); }, {leaf({2, 3, 5}, 30)}));
+}
+
+TEST(Gradcheck, Matmul) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({3, 4}, 31), leaf({4, 5}, 32)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({2, 3, 4}, 33), leaf({2, 4, 2}, 34)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({2, 3, 4}, 35), leaf({4, 2}, 36)}));
+  // Transposed views go to the GEMM as transposes.
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0].t(), v[1].t()); }, {leaf({4, 3}, 37), leaf({5, 4}, 38)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0].transpose(1, 2), v[1]); },
+                        {leaf({2, 4, 3}, 39), leaf({2, 4, 3}, 40)}));
+}
+
+TEST(Gradcheck, Linear) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return linear(v[0], v[1], v[2]); },
+                        {leaf({2, 3, 4}, 41), leaf({5, 4}, 42), leaf({5}, 43)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return linear(v[0], v[1]); }, {leaf({3, 4}, 44), leaf({2, 4}, 45)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return linear(v[0], v[1], v[2], Activation::Gelu); },
+                        {leaf({3, 4}, 46), leaf({6, 4}, 47), leaf({6}, 48)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return linear(v[0], v[1], Tensor(), Activation::Gelu); },
+                        {leaf({3, 4}, 49), leaf({6, 4}, 50)}));
+}
+
+TEST(Gradcheck, GeluAndLayerNorm) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return gelu(v[0]); }, {leaf({3, 5}, 51, -3.0, 3.0)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], v[1], v[2]); },
+                        {leaf({4, 6}, 52), leaf({6}, 53), leaf({6}, 54)}, 1e-6, 1e-6, 1e-5));
+  EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], Tensor(), Tensor()); }, {leaf({2, 3, 5}, 55)}, 1e-6,
+                        1e-6, 1e-5));
+}
+
+TEST(Gradcheck, CausalAttention) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], v[1], v[2]); },
+                        {leaf({2, 2, 5, 4}, 56), leaf({2, 2, 5, 4}, 57), leaf({2, 2, 5, 4}, 58)}));
+  // q/k/v as strided slices of one fused [B, T, 3, H, D] projection.
+  EXPECT_TRUE(gradcheck(
+      [](const V& v) {
+        Tensor qkv = v[0];  // [B, T, 3, H, D]
+        auto part = [&](int i) { return qkv.select(2, i).permute({0, 2, 1, 3}); };
+        return causal_attention(part(0), part(1), part(2));
+      },
+      {leaf({1, 6, 3, 2, 4}, 59)}));
+}
+
+TEST(Gradcheck, CrossEntropy) {
+  // The fused kernel returns an fp32 loss and log-sum-exp by design (even for
+  // f64 logits), so the finite differences use a larger step and tolerance.
+  Tensor targets = from_vector<int32_t>({0, 4, 2, -1, 3}, {5});
+  EXPECT_TRUE(gradcheck([&](const V& v) { return cross_entropy(v[0], targets); }, {leaf({5, 6}, 60, -2, 2)}, 1e-2,
+                        1e-4, 1e-2));
+  // Padded vocabulary: only the first 5 of 8 columns take part.
+  EXPECT_TRUE(gradcheck([&](const V& v) { return cross_entropy(v[0], targets, 5); }, {leaf({5, 8}, 61, -2, 2)}, 1e-2,
+                        1e-4, 1e-2));
+}
+
+TEST(Gradcheck, Embedding) {
+  Tensor idx = from_vector<int32_t>({1, 3, 1, 0, 3, 3}, {2, 3});
+  EXPECT_TRUE(gradcheck([&](const V& v) { return embedding(v[0], idx); }, {leaf({4, 5}, 62)}));
+}
+
+TEST(Gradcheck, ViewsAndCopies) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].reshape({3, 4}).permute({1, 0}); }, {leaf({2, 6}, 63)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].slice(1, 1, 5, 2); }, {leaf({3, 6}, 64)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].narrow(0, 1, 2).select(1, 2); }, {leaf({4, 3}, 65)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].unsqueeze(0).expand({3, 2, 4}); }, {leaf({2, 4}, 66)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].t().contiguous().clone(); }, {leaf({3, 5}, 67)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].to(DType::F32).to(DType::F64); }, {leaf({4}, 68)}, 1e-3, 1e-4,
+                        1e-3));
+}
+
+TEST(Gradcheck, DetectsAWrongGradient) {
+  // A deliberately wrong custom backward must be caught: the checker can fail.
+  auto wrong = [](const V& v) {
+    Tensor y = mul(v[0].detach(), 2.0);
+    if (autograd::any_requires_grad({&v[0]}))
+      autograd::record("WrongBackward", {&v[0]}, y, [](autograd::Grads& g) -> autograd::Grads { return {mul(g[0], 3.0)}; });
+    return y;
+  };
+  ::testing::TestPartResultArray failures;
+  {
+    ::testing::ScopedFakeTestPartResultReporter rep(::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS,
+                                                    &failures);
+    EXPECT_FALSE(gradcheck(wrong, {leaf({3}, 69)}));
+  }
+  EXPECT_GT(failures.size(), 0);
+}
+
+}  // namespace
+}  // namespace bt::test

@@ -1,0 +1,89 @@
+// Factories, dtype conversions and the seeded generators.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/bt.h"
+
+namespace bt {
+namespace {
+
+TEST(Factory, Constants) {
+  EXPECT_EQ(zeros({2, 2}).to_vector<float>(), (std::vector<float>(4, 0)));
+  EXPECT_EQ(ones({3}, TensorOptions{DType::I32}).to_vector<int32_t>(), (std::vector<int32_t>{1, 1, 1}));
+  EXPECT_EQ(full({2}, 2.5, TensorOptions{DType::F64}).to_vector<double>(), (std::vector<double>{2.5, 2.5}));
+  EXPECT_EQ(arange(4).to_vector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(arange(1.0, 2.0, 0.25).to_vector<float>(), (std::vector<float>{1, 1.25, 1.5, 1.75}));
+  EXPECT_EQ(arange(0).numel(), 0);
+  EXPECT_THROW(empty({-1}), Error);
+}
+
+TEST(Factory, AllDTypesRoundTrip) {
+  const std::vector<double> vals = {0, 1, 2, 3, 100, 7};
+  for (DType dt : kAllDTypes) {
+    Tensor t = from_vector<double>(vals, {6}, TensorOptions{dt});
+    EXPECT_EQ(t.dtype(), dt);
+    std::vector<double> back = t.to_vector<double>();
+    for (size_t i = 0; i < vals.size(); ++i) {
+      const double want = dt == DType::Bool ? (vals[i] != 0) : vals[i];
+      EXPECT_EQ(back[i], want) << dtype_name(dt) << " element " << i;
+    }
+  }
+}
+
+TEST(Factory, Bf16Rounding) {
+  Tensor t = from_vector<float>({1.0f + 1.0f / 256.0f, 3.14159f}, {2}).to(DType::BF16);
+  const auto v = t.to_vector<float>();
+  EXPECT_EQ(v[0], 1.0f);  // ties to even
+  EXPECT_NEAR(v[1], 3.140625f, 1e-7);
+}
+
+TEST(Factory, SeededRandomIsDeterministicAndAdvances) {
+  Generator g1(42), g2(42);
+  Tensor a = randn({1000}, {}, &g1), b = randn({1000}, {}, &g2);
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  Tensor c = randn({1000}, {}, &g1);  // next 1000 draws
+  EXPECT_NE(a.to_vector<float>(), c.to_vector<float>());
+  EXPECT_EQ(g1.offset(), 2000u);
+  // Same stream regardless of how it is chunked.
+  Generator g3(42);
+  Tensor whole = randn({2000}, {}, &g3);
+  auto w = whole.to_vector<float>();
+  auto cv = c.to_vector<float>();
+  EXPECT_TRUE(std::equal(cv.begin(), cv.end(), w.begin() + 1000));
+}
+
+TEST(Factory, RandomDistributions) {
+  Generator g(7);
+  auto n = randn({100000}, {}, &g).to_vector<double>();
+  double m = 0, s = 0;
+  for (double x : n) m += x;
+  m /= n.size();
+  for (double x : n) s += (x - m) * (x - m);
+  s = std::sqrt(s / n.size());
+  EXPECT_NEAR(m, 0.0, 0.02);
+  EXPECT_NEAR(s, 1.0, 0.02);
+  auto u = uniform({100000}, -2, 3, {}, &g).to_vector<double>();
+  double lo = 1e9, hi = -1e9, mu = 0;
+  for (double x : u) { lo = std::min(lo, x); hi = std::max(hi, x); mu += x; }
+  EXPECT_GE(lo, -2.0);
+  EXPECT_LT(hi, 3.0);
+  EXPECT_NEAR(mu / u.size(), 0.5, 0.03);
+}
+
+TEST(Factory, FromBlobAliasesCallerMemory) {
+  std::vector<float> buf = {1, 2, 3, 4};
+  Tensor t = from_blob(buf.data(), {2, 2}, DType::F32);
+  t.fill_(9.0);
+  EXPECT_EQ(buf[3], 9.0f);
+  EXPECT_THROW(from_vector<float>({1, 2, 3}, {2, 2}), Error);
+}
+
+TEST(Factory, PinnedHostTensor) {
+  Tensor p = arange(8).pin_memory();
+  EXPECT_TRUE(p.is_pinned());
+  EXPECT_EQ(p.to_vector<float>()[7], 7.0f);
+}
+
+}  // namespace
+}  // namespace bt
