@@ -1,5 +1,5 @@
 // Broadcasting binary ops and unary ops. Outputs are contiguous. Supported
-// dtypes: F32 and F64 on CPU, F32 and BF16 on CUDA (BF16 computes in float).
+// dtypes: F32, F64 (CPU only) and BF16 (computes in float).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Reductions over one dimension of a contiguous buffer viewed as
 // [outer, dim, inner] -> [outer, inner]. Accumulation is in float (F32/BF16)
-// or double (F64). Supported dtypes: F32, F64 on CPU; F32, BF16 on CUDA.
+// or double (F64). Supported dtypes: F32, F64 (CPU only), BF16.
 #pragma once
 
 #include <cstdint>

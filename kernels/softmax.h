@@ -1,5 +1,5 @@
 // Row-wise softmax and log-softmax over the last dimension of a contiguous
-// [rows, cols] buffer. Dtypes: F32, F64 on CPU; F32, BF16 on CUDA.
+// [rows, cols] buffer. Dtypes: F32, F64 (CPU only), BF16.
 #pragma once
 
 #include <cstdint>

@@ -30,9 +30,12 @@ template <class G>
 void with_copy(const AdamWArgs& a, const G* grad) {
   if (a.param_copy == nullptr) return adamw_impl<G, void>(a, grad, nullptr);
   switch (a.copy_dt) {
-    case DType::F32: return adamw_impl(a, grad, static_cast<float*>(a.param_copy));
-    case DType::BF16: return adamw_impl(a, grad, static_cast<bf16*>(a.param_copy));
-    default: break;
+    case DType::F32:
+      return adamw_impl(a, grad, static_cast<float*>(a.param_copy));
+    case DType::BF16:
+      return adamw_impl(a, grad, static_cast<bf16*>(a.param_copy));
+    default:
+      break;
   }
   BT_FAIL("adamw: unsupported param_copy dtype ", a.copy_dt, " (the CPU kernel supports f32 and bf16)");
 }

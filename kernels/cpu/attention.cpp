@@ -100,8 +100,10 @@ void backward_impl(const AttnBackward& a) {
       for (int64_t i = 0; i < T_; ++i) {
         if constexpr (std::is_same_v<A, double>) {  // recompute lse exactly
           A mx = -std::numeric_limits<A>::infinity(), sum = 0;
-          for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, scale * dot(q.data() + i * D, k.data() + j * D, D));
-          for (int64_t j = 0; j <= i; ++j) sum += std::exp(scale * dot(q.data() + i * D, k.data() + j * D, D) - mx);
+          for (int64_t j = 0; j <= i; ++j)
+            mx = std::max(mx, scale * dot(q.data() + i * D, k.data() + j * D, D));
+          for (int64_t j = 0; j <= i; ++j)
+            sum += std::exp(scale * dot(q.data() + i * D, k.data() + j * D, D) - mx);
           lse[i] = mx + std::log(sum);
         } else {
           lse[i] = a.lse[(b * H + h) * T_ + i];
@@ -141,7 +143,8 @@ void check_shape(const char* kernel, const AttnShape& s) {
 
 void attention_forward(const AttnForward& a) {
   check_shape("attention_forward", a.shape);
-  detail::dispatch_float(a.dt, "attention_forward", [&]<class T>(std::type_identity<T>) { forward_impl<T>(a); });
+  detail::dispatch_float(a.dt, "attention_forward",
+                         [&]<class T>(std::type_identity<T>) { forward_impl<T>(a); });
 }
 
 void attention_backward(const AttnBackward& a) {

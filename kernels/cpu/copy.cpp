@@ -24,21 +24,30 @@ struct Bool {  // storage of DType::Bool; read as byte != 0 so any byte is valid
 };
 
 template <class T>
-constexpr bool kFloating = std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                           std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+constexpr bool kFloating = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> ||
+                           std::is_same_v<T, f16>;
 
 template <class F>
 decltype(auto) dispatch_all(DType dt, const char* kernel, F&& f) {
   switch (dt) {
-    case DType::F32: return f(std::type_identity<float>{});
-    case DType::F64: return f(std::type_identity<double>{});
-    case DType::BF16: return f(std::type_identity<bf16>{});
-    case DType::F16: return f(std::type_identity<f16>{});
-    case DType::I32: return f(std::type_identity<int32_t>{});
-    case DType::I64: return f(std::type_identity<int64_t>{});
-    case DType::U16: return f(std::type_identity<uint16_t>{});
-    case DType::U8: return f(std::type_identity<uint8_t>{});
-    case DType::Bool: return f(std::type_identity<Bool>{});
+    case DType::F32:
+      return f(std::type_identity<float>{});
+    case DType::F64:
+      return f(std::type_identity<double>{});
+    case DType::BF16:
+      return f(std::type_identity<bf16>{});
+    case DType::F16:
+      return f(std::type_identity<f16>{});
+    case DType::I32:
+      return f(std::type_identity<int32_t>{});
+    case DType::I64:
+      return f(std::type_identity<int64_t>{});
+    case DType::U16:
+      return f(std::type_identity<uint16_t>{});
+    case DType::U8:
+      return f(std::type_identity<uint8_t>{});
+    case DType::Bool:
+      return f(std::type_identity<Bool>{});
   }
   BT_FAIL(kernel, ": unsupported dtype code ", static_cast<int>(dt));
 }
@@ -67,7 +76,7 @@ float round_to_odd_float(int64_t x) {
   while ((mag >> shift) >= (uint64_t{1} << 24)) ++shift;
   uint64_t m = mag >> shift;
   if (shift > 0 && (mag & ((uint64_t{1} << shift) - 1)) != 0) m |= 1u;  // sticky
-  const float f = std::ldexp(static_cast<float>(m), shift);               // exact
+  const float f = std::ldexp(static_cast<float>(m), shift);             // exact
   return x < 0 ? -f : f;
 }
 
@@ -91,20 +100,30 @@ I saturate_trunc(double d) {
 
 template <class D>
 D from_double(double d) {
-  if constexpr (std::is_same_v<D, double>) return d;
-  else if constexpr (std::is_same_v<D, float>) return static_cast<float>(d);
-  else if constexpr (std::is_same_v<D, bf16> || std::is_same_v<D, f16>) return D(round_to_odd_float(d));
-  else if constexpr (std::is_same_v<D, Bool>) return Bool{static_cast<uint8_t>(d != 0.0)};
-  else return saturate_trunc<D>(d);
+  if constexpr (std::is_same_v<D, double>)
+    return d;
+  else if constexpr (std::is_same_v<D, float>)
+    return static_cast<float>(d);
+  else if constexpr (std::is_same_v<D, bf16> || std::is_same_v<D, f16>)
+    return D(round_to_odd_float(d));
+  else if constexpr (std::is_same_v<D, Bool>)
+    return Bool{static_cast<uint8_t>(d != 0.0)};
+  else
+    return saturate_trunc<D>(d);
 }
 
 template <class D>
 D from_int(int64_t x) {
-  if constexpr (std::is_same_v<D, double>) return static_cast<double>(x);
-  else if constexpr (std::is_same_v<D, float>) return static_cast<float>(x);
-  else if constexpr (std::is_same_v<D, bf16> || std::is_same_v<D, f16>) return D(round_to_odd_float(x));
-  else if constexpr (std::is_same_v<D, Bool>) return Bool{static_cast<uint8_t>(x != 0)};
-  else return static_cast<D>(x);
+  if constexpr (std::is_same_v<D, double>)
+    return static_cast<double>(x);
+  else if constexpr (std::is_same_v<D, float>)
+    return static_cast<float>(x);
+  else if constexpr (std::is_same_v<D, bf16> || std::is_same_v<D, f16>)
+    return D(round_to_odd_float(x));
+  else if constexpr (std::is_same_v<D, Bool>)
+    return Bool{static_cast<uint8_t>(x != 0)};
+  else
+    return static_cast<D>(x);
 }
 
 template <class D, class S>

@@ -28,8 +28,8 @@ void check_args(const char* kernel, const CrossEntropyArgs& a) {
            ": logits and targets are required");
   for (int64_t r = 0; r < a.rows; ++r) {
     const int32_t t = a.targets[r];
-    BT_CHECK(t == -1 || (t >= 0 && t < a.vocab), kernel, ": target ", t, " at row ", r,
-             " is outside [0, ", a.vocab, ") (use -1 to ignore a row)");
+    BT_CHECK(t == -1 || (t >= 0 && t < a.vocab), kernel, ": target ", t, " at row ", r, " is outside [0, ",
+             a.vocab, ") (use -1 to ignore a row)");
   }
 }
 

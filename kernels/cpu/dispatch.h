@@ -50,10 +50,14 @@ inline void store(T* p, int64_t i, acc_t<T> v) {
 template <class F>
 decltype(auto) dispatch_float(DType dt, const char* kernel, F&& f) {
   switch (dt) {
-    case DType::F32: return f(std::type_identity<float>{});
-    case DType::F64: return f(std::type_identity<double>{});
-    case DType::BF16: return f(std::type_identity<bf16>{});
-    default: break;
+    case DType::F32:
+      return f(std::type_identity<float>{});
+    case DType::F64:
+      return f(std::type_identity<double>{});
+    case DType::BF16:
+      return f(std::type_identity<bf16>{});
+    default:
+      break;
   }
   BT_FAIL(kernel, ": unsupported dtype ", dt, " (the CPU kernel supports f32, f64 and bf16)");
 }
@@ -65,8 +69,8 @@ inline void check_count(const char* kernel, const char* what, int64_t n) {
 
 /// Checks ndim and shape of a strided view and returns its element count.
 inline int64_t checked_numel(const char* kernel, const StridedLayout& l) {
-  BT_CHECK(l.ndim >= 0 && l.ndim <= kMaxDims, kernel, ": layout ndim ", l.ndim, " is outside [0, ",
-           kMaxDims, "]");
+  BT_CHECK(l.ndim >= 0 && l.ndim <= kMaxDims, kernel, ": layout ndim ", l.ndim, " is outside [0, ", kMaxDims,
+           "]");
   int64_t n = 1;
   for (int d = 0; d < l.ndim; ++d) {
     BT_CHECK(l.shape[d] >= 0, kernel, ": layout shape[", d, "] = ", l.shape[d], " is negative");

@@ -12,11 +12,16 @@ using detail::store;
 template <class A>
 inline A apply(BinaryOp op, A x, A y) {
   switch (op) {
-    case BinaryOp::Add: return x + y;
-    case BinaryOp::Sub: return x - y;
-    case BinaryOp::Mul: return x * y;
-    case BinaryOp::Div: return x / y;
-    case BinaryOp::Pow: return std::pow(x, y);
+    case BinaryOp::Add:
+      return x + y;
+    case BinaryOp::Sub:
+      return x - y;
+    case BinaryOp::Mul:
+      return x * y;
+    case BinaryOp::Div:
+      return x / y;
+    case BinaryOp::Pow:
+      return std::pow(x, y);
   }
   return x;
 }
@@ -41,14 +46,22 @@ void unary_impl(const T* a, T* out, int64_t n, double scalar) {
   for (int64_t i = 0; i < n; ++i) {
     const A x = load(a, i);
     A y;
-    if constexpr (Op == UnaryOp::Neg) y = -x;
-    else if constexpr (Op == UnaryOp::Exp) y = std::exp(x);
-    else if constexpr (Op == UnaryOp::Log) y = std::log(x);
-    else if constexpr (Op == UnaryOp::Tanh) y = std::tanh(x);
-    else if constexpr (Op == UnaryOp::Sqrt) y = std::sqrt(x);
-    else if constexpr (Op == UnaryOp::PowScalar) y = std::pow(x, s);
-    else if constexpr (Op == UnaryOp::AddScalar) y = x + s;
-    else y = x * s;  // MulScalar
+    if constexpr (Op == UnaryOp::Neg)
+      y = -x;
+    else if constexpr (Op == UnaryOp::Exp)
+      y = std::exp(x);
+    else if constexpr (Op == UnaryOp::Log)
+      y = std::log(x);
+    else if constexpr (Op == UnaryOp::Tanh)
+      y = std::tanh(x);
+    else if constexpr (Op == UnaryOp::Sqrt)
+      y = std::sqrt(x);
+    else if constexpr (Op == UnaryOp::PowScalar)
+      y = std::pow(x, s);
+    else if constexpr (Op == UnaryOp::AddScalar)
+      y = x + s;
+    else
+      y = x * s;  // MulScalar
     store(out, i, y);
   }
 }
@@ -62,18 +75,23 @@ void binary(BinaryOp op, DType dt, const void* a, const StridedLayout& la, const
   BT_CHECK(la.ndim == lb.ndim, "binary: operand layouts have ", la.ndim, " and ", lb.ndim,
            " dims; both must have the output's shape");
   for (int d = 0; d < la.ndim; ++d)
-    BT_CHECK(la.shape[d] == lb.shape[d], "binary: operand shapes differ at dim ", d, " (",
-             la.shape[d], " vs ", lb.shape[d], "); broadcast both to the output shape");
+    BT_CHECK(la.shape[d] == lb.shape[d], "binary: operand shapes differ at dim ", d, " (", la.shape[d],
+             " vs ", lb.shape[d], "); broadcast both to the output shape");
   detail::dispatch_float(dt, "binary", [&]<class T>(std::type_identity<T>) {
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);
     switch (op) {
-      case BinaryOp::Add: return binary_impl<BinaryOp::Add>(pa, la, pb, lb, po, n);
-      case BinaryOp::Sub: return binary_impl<BinaryOp::Sub>(pa, la, pb, lb, po, n);
-      case BinaryOp::Mul: return binary_impl<BinaryOp::Mul>(pa, la, pb, lb, po, n);
-      case BinaryOp::Div: return binary_impl<BinaryOp::Div>(pa, la, pb, lb, po, n);
-      case BinaryOp::Pow: return binary_impl<BinaryOp::Pow>(pa, la, pb, lb, po, n);
+      case BinaryOp::Add:
+        return binary_impl<BinaryOp::Add>(pa, la, pb, lb, po, n);
+      case BinaryOp::Sub:
+        return binary_impl<BinaryOp::Sub>(pa, la, pb, lb, po, n);
+      case BinaryOp::Mul:
+        return binary_impl<BinaryOp::Mul>(pa, la, pb, lb, po, n);
+      case BinaryOp::Div:
+        return binary_impl<BinaryOp::Div>(pa, la, pb, lb, po, n);
+      case BinaryOp::Pow:
+        return binary_impl<BinaryOp::Pow>(pa, la, pb, lb, po, n);
     }
     BT_FAIL("binary: unknown op ", static_cast<int>(op));
   });
@@ -85,14 +103,22 @@ void unary(UnaryOp op, DType dt, const void* a, void* out, int64_t n, double sca
     const T* pa = static_cast<const T*>(a);
     T* po = static_cast<T*>(out);
     switch (op) {
-      case UnaryOp::Neg: return unary_impl<UnaryOp::Neg>(pa, po, n, scalar);
-      case UnaryOp::Exp: return unary_impl<UnaryOp::Exp>(pa, po, n, scalar);
-      case UnaryOp::Log: return unary_impl<UnaryOp::Log>(pa, po, n, scalar);
-      case UnaryOp::Tanh: return unary_impl<UnaryOp::Tanh>(pa, po, n, scalar);
-      case UnaryOp::Sqrt: return unary_impl<UnaryOp::Sqrt>(pa, po, n, scalar);
-      case UnaryOp::PowScalar: return unary_impl<UnaryOp::PowScalar>(pa, po, n, scalar);
-      case UnaryOp::AddScalar: return unary_impl<UnaryOp::AddScalar>(pa, po, n, scalar);
-      case UnaryOp::MulScalar: return unary_impl<UnaryOp::MulScalar>(pa, po, n, scalar);
+      case UnaryOp::Neg:
+        return unary_impl<UnaryOp::Neg>(pa, po, n, scalar);
+      case UnaryOp::Exp:
+        return unary_impl<UnaryOp::Exp>(pa, po, n, scalar);
+      case UnaryOp::Log:
+        return unary_impl<UnaryOp::Log>(pa, po, n, scalar);
+      case UnaryOp::Tanh:
+        return unary_impl<UnaryOp::Tanh>(pa, po, n, scalar);
+      case UnaryOp::Sqrt:
+        return unary_impl<UnaryOp::Sqrt>(pa, po, n, scalar);
+      case UnaryOp::PowScalar:
+        return unary_impl<UnaryOp::PowScalar>(pa, po, n, scalar);
+      case UnaryOp::AddScalar:
+        return unary_impl<UnaryOp::AddScalar>(pa, po, n, scalar);
+      case UnaryOp::MulScalar:
+        return unary_impl<UnaryOp::MulScalar>(pa, po, n, scalar);
     }
     BT_FAIL("unary: unknown op ", static_cast<int>(op));
   });

@@ -19,14 +19,14 @@ void check_indices(const char* kernel, const int32_t* idx, int64_t n, int64_t nu
   detail::check_count(kernel, "dim", dim);
   BT_CHECK(n == 0 || idx != nullptr, kernel, ": indices are null");
   for (int64_t i = 0; i < n; ++i)
-    BT_CHECK(idx[i] >= 0 && idx[i] < num, kernel, ": index ", idx[i], " at position ", i,
-             " is outside [0, ", num, ") (the embedding table has ", num, " rows)");
+    BT_CHECK(idx[i] >= 0 && idx[i] < num, kernel, ": index ", idx[i], " at position ", i, " is outside [0, ",
+             num, ") (the embedding table has ", num, " rows)");
 }
 
 }  // namespace
 
-void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx,
-                       int64_t n, void* out) {
+void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx, int64_t n,
+                       void* out) {
   check_indices("embedding_forward", idx, n, num, dim);
   detail::dispatch_float(dt, "embedding_forward", [&]<class T>(std::type_identity<T>) {
     const T* tab = static_cast<const T*>(table);
@@ -36,8 +36,8 @@ void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, co
   });
 }
 
-void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
-                        int64_t dim, void* dtable) {
+void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
+                        void* dtable) {
   check_indices("embedding_backward", idx, n, num, dim);
   detail::dispatch_float(dt, "embedding_backward", [&]<class T>(std::type_identity<T>) {
     using A = acc_t<T>;

@@ -3,11 +3,11 @@
 // sgemm into a float C, epilogue in float, one rounding on store.
 #include "kernels/gemm.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <climits>
 #include <vector>
+
+#include <cblas.h>
 
 #include "kernels/cpu/dispatch.h"
 
@@ -17,18 +17,18 @@ using detail::acc_t;
 using detail::load;
 using detail::store;
 
-void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda),
+              b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-               int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda),
+              b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
 /// C = alpha * op(A) op(B) + beta * C on compute-type buffers. k == 0 is done
@@ -92,8 +92,8 @@ void gemm_impl(const GemmArgs& g) {
       else
         for (int64_t r = 0; r < g.m; ++r)
           for (int64_t j = 0; j < g.n; ++j) cf[r * g.n + j] = load(c, r * g.ldc + j);
-      gemm_acc<float>(g, af.data(), std::max<int64_t>(ac, 1), bfl.data(), std::max<int64_t>(bc, 1),
-                      cf.data(), std::max<int64_t>(g.n, 1));
+      gemm_acc<float>(g, af.data(), std::max<int64_t>(ac, 1), bfl.data(), std::max<int64_t>(bc, 1), cf.data(),
+                      std::max<int64_t>(g.n, 1));
       epilogue<T>(g, cf.data(), g.n, c, use_pre ? P + i * g.stride_c : nullptr);
     }
   } else {
@@ -106,8 +106,8 @@ void gemm_impl(const GemmArgs& g) {
 }
 
 void check_args(const GemmArgs& g) {
-  BT_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm: negative size (m=", g.m,
-           ", n=", g.n, ", k=", g.k, ", batch=", g.batch, ")");
+  BT_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm: negative size (m=", g.m, ", n=", g.n,
+           ", k=", g.k, ", batch=", g.batch, ")");
   const int64_t a_cols = g.trans_a ? g.m : g.k, b_cols = g.trans_b ? g.k : g.n;
   BT_CHECK(g.lda >= std::max<int64_t>(a_cols, 1) || g.k == 0, "gemm: lda=", g.lda, " is smaller than ",
            "the ", a_cols, " columns of the row-major A", g.trans_a ? " (trans_a)" : "");

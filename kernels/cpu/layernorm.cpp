@@ -51,8 +51,8 @@ void forward_impl(const T* x, const T* w, const T* b, T* y, float* mean, float* 
 }
 
 template <class T>
-void backward_impl(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx,
-                   T* dw, T* db, int64_t rows, int64_t cols) {
+void backward_impl(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, T* dw,
+                   T* db, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   std::vector<A> gw(dw ? static_cast<size_t>(cols) : 0), gb(db ? static_cast<size_t>(cols) : 0);
   std::vector<A> xhat(static_cast<size_t>(cols)), g(static_cast<size_t>(cols));
@@ -103,8 +103,8 @@ void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, 
   BT_CHECK(rows == 0 || (mean != nullptr && rstd != nullptr),
            "layernorm_backward: mean and rstd from the forward are required");
   detail::dispatch_float(dt, "layernorm_backward", [&]<class T>(std::type_identity<T>) {
-    backward_impl(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean,
-                  rstd, static_cast<T*>(dx), static_cast<T*>(dw), static_cast<T*>(db), rows, cols);
+    backward_impl(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd,
+                  static_cast<T*>(dx), static_cast<T*>(dw), static_cast<T*>(db), rows, cols);
   });
 }
 

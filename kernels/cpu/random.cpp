@@ -26,11 +26,16 @@ void fill_with(const char* kernel, DType dt, void* dst, int64_t n, uint64_t offs
     }
   };
   switch (dt) {
-    case DType::F32: return run(static_cast<float*>(dst));
-    case DType::F64: return run(static_cast<double*>(dst));
-    case DType::BF16: return run(static_cast<bf16*>(dst));
-    case DType::F16: return run(static_cast<f16*>(dst));
-    default: break;
+    case DType::F32:
+      return run(static_cast<float*>(dst));
+    case DType::F64:
+      return run(static_cast<double*>(dst));
+    case DType::BF16:
+      return run(static_cast<bf16*>(dst));
+    case DType::F16:
+      return run(static_cast<f16*>(dst));
+    default:
+      break;
   }
   BT_FAIL(kernel, ": unsupported dtype ", dt, " (random fills support f32, f64, bf16 and f16)");
 }

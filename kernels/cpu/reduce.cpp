@@ -82,13 +82,13 @@ void reduce_impl(ReduceOp op, const T* in, T* out, int64_t outer, int64_t dim, i
 
 }  // namespace
 
-void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim,
-                int64_t inner, int64_t* argmax) {
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
+                int64_t* argmax) {
   detail::check_count("reduce_dim", "outer", outer);
   detail::check_count("reduce_dim", "dim", dim);
   detail::check_count("reduce_dim", "inner", inner);
-  BT_CHECK(op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Max,
-           "reduce_dim: unknown op ", static_cast<int>(op));
+  BT_CHECK(op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Max, "reduce_dim: unknown op ",
+           static_cast<int>(op));
   BT_CHECK(op != ReduceOp::Max || dim > 0 || outer * inner == 0,
            "reduce_dim: max over an empty dimension is undefined");
   detail::dispatch_float(dt, "reduce_dim", [&]<class T>(std::type_identity<T>) {

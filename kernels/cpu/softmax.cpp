@@ -68,8 +68,7 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
   detail::check_count("softmax_backward", "rows", rows);
   detail::check_count("softmax_backward", "cols", cols);
   detail::dispatch_float(dt, "softmax_backward", [&]<class T>(std::type_identity<T>) {
-    backward_impl(static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, cols,
-                  log);
+    backward_impl(static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, cols, log);
   });
 }
 

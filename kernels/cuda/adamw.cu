@@ -105,7 +105,6 @@ void adamw(const AdamWArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
   BT_CHECK(a.param != nullptr && a.grad != nullptr && a.m != nullptr && a.v != nullptr,
            "cuda adamw: param, grad, m and v must all be non-null");
-  BT_CHECK(a.bias1 != 0.0f && a.bias2 != 0.0f, "cuda adamw: bias1/bias2 must be non-zero (step starts at 1)");
   const Hyper h{a.lr, a.beta1, a.beta2, 1.0f - a.beta1, 1.0f - a.beta2, a.eps, a.weight_decay,
                 a.bias1, a.bias2, a.grad_scale};
   switch (a.grad_dt) {

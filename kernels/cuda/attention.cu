@@ -15,6 +15,7 @@
 //   3. per (b, h, query tile): dQ over the key tiles the queries see
 // with P recomputed as exp(scale q.k - lse).
 #include <climits>
+#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/common.cuh"
@@ -308,10 +309,7 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
     const Geo g{a.shape.B, a.shape.H, a.shape.T, a.shape.D};
     if (g.B * g.H * g.T == 0) return;
     BT_CHECK(a.q && a.k && a.v && a.o, "cuda attention_forward: null q, k, v or o");
-    if (g.D == 0) {  // empty head: O has no elements; softmax over zero scores is uniform
-      BT_CHECK(a.lse == nullptr, "cuda attention_forward: D = 0 is not supported with lse");
-      return;
-    }
+    BT_CHECK(g.D >= 1, "cuda attention_forward: head dim D must be at least 1");
     with_dp(padded_d(g.D), [&](auto dpc) {
       constexpr int DP = decltype(dpc)::value;
       constexpr int BR = kThreads / (DP / kPerLane);
@@ -332,7 +330,8 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
   dispatch_float(a.dt, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const Geo g{a.shape.B, a.shape.H, a.shape.T, a.shape.D};
-    if (g.B * g.H * g.T == 0 || g.D == 0) return;
+    if (g.B * g.H * g.T == 0) return;
+    BT_CHECK(g.D >= 1, "cuda attention_backward: head dim D must be at least 1");
     BT_CHECK(a.q && a.k && a.v && a.o && a.dout && a.lse && a.dq && a.dk && a.dv,
              "cuda attention_backward: null input or output buffer");
     BT_CHECK(scratch != nullptr, "cuda attention_backward: null scratch (allocate attention_backward_scratch_floats "

@@ -1,10 +1,14 @@
 // CUDA copy / cast / fill / arange for every dtype of kernels/common/dtype.h.
 //
 // Casts go through one intermediate value: integers (and bool) as int64, floats
-// as double; the destination is produced from that value the way a C++
-// static_cast would on the host, and the reduced-precision formats use the same
-// bit algorithms as kernels/common/dtype.h (so NaN payloads match the CPU).
+// as double. The rules are the CPU kernel's (kernels/cpu/copy.cpp), bit for bit:
+//   * to a floating type: correctly rounded (RNE) from the exact source value;
+//     double/int64 -> bf16/f16 go through a round-to-odd float (no double rounding);
+//   * floating -> integer: truncate, saturate to the range, NaN -> 0;
+//   * integer -> integer: two's-complement wrap;  to bool: x != 0 (NaN is true).
+// bf16/f16 use the bit algorithms of kernels/common/dtype.h, so NaN payloads match.
 #include <cstring>
+#include <limits>
 
 #include "kernels/copy.h"
 #include "kernels/cuda/common.cuh"
@@ -12,6 +16,42 @@
 namespace bt::kernels::cuda {
 namespace {
 using namespace detail;
+
+// ------------------------------------------- conversions (host and device)
+/// The float nearest d toward zero with its last bit set when inexact ("round
+/// to odd"); rounding it again to <= 22 bits of precision is correctly rounded.
+__host__ __device__ inline float round_to_odd_float(double d) {
+  float f = static_cast<float>(d);
+  if (d != d || static_cast<double>(f) == d) return f;
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) == 0x7f800000u) {
+    u = (u & 0x80000000u) | 0x7f7fffffu;  // +-FLT_MAX
+  } else if ((static_cast<double>(f) < 0 ? -static_cast<double>(f) : static_cast<double>(f)) >
+             (d < 0 ? -d : d)) {
+    u -= 1u;  // nextafter toward zero (f is non-zero here)
+  }
+  return bits_f32(u | 1u);
+}
+
+__host__ __device__ inline float round_to_odd_float(int64_t x) {
+  const uint64_t mag = x < 0 ? uint64_t{0} - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
+  int shift = 0;
+  while ((mag >> shift) >= (uint64_t{1} << 24)) ++shift;
+  uint64_t m = mag >> shift;
+  if (shift > 0 && (mag & ((uint64_t{1} << shift) - 1)) != 0) m |= 1u;  // sticky
+  const float f = ldexpf(static_cast<float>(m), shift);                  // exact
+  return x < 0 ? -f : f;
+}
+
+template <typename I>
+__host__ __device__ inline I saturate_trunc(double d) {
+  if (d != d) return 0;
+  constexpr double lo = static_cast<double>(std::numeric_limits<I>::min());
+  constexpr double hi = static_cast<double>(std::numeric_limits<I>::max());
+  if (d <= lo) return std::numeric_limits<I>::min();
+  if (d >= hi) return std::numeric_limits<I>::max();
+  return static_cast<I>(d);
+}
 
 struct Value {
   double f;
@@ -39,23 +79,26 @@ __device__ __forceinline__ Value load_value(DType dt, const void* base, int64_t 
   return v;
 }
 
-__device__ __forceinline__ float value_to_float(const Value& v) {
-  return v.is_int ? static_cast<float>(v.i) : static_cast<float>(v.f);
+/// For bf16/f16 targets: a float that rounds to the correctly rounded result.
+__device__ __forceinline__ float value_to_odd_float(const Value& v) {
+  return v.is_int ? round_to_odd_float(v.i) : round_to_odd_float(v.f);
 }
 
 template <typename I>
 __device__ __forceinline__ I value_to_int(const Value& v) {
-  return v.is_int ? static_cast<I>(v.i) : static_cast<I>(v.f);
+  return v.is_int ? static_cast<I>(v.i) : saturate_trunc<I>(v.f);
 }
 
 __device__ __forceinline__ void store_value(DType dt, void* base, int64_t i, const Value& v) {
   switch (dt) {
-    case DType::F32: static_cast<float*>(base)[i] = value_to_float(v); break;
+    case DType::F32:
+      static_cast<float*>(base)[i] = v.is_int ? static_cast<float>(v.i) : static_cast<float>(v.f);
+      break;
     case DType::F64:
       static_cast<double*>(base)[i] = v.is_int ? static_cast<double>(v.i) : v.f;
       break;
-    case DType::BF16: static_cast<uint16_t*>(base)[i] = dev_float_to_bf16_bits(value_to_float(v)); break;
-    case DType::F16: static_cast<uint16_t*>(base)[i] = dev_float_to_f16_bits(value_to_float(v)); break;
+    case DType::BF16: static_cast<uint16_t*>(base)[i] = dev_float_to_bf16_bits(value_to_odd_float(v)); break;
+    case DType::F16: static_cast<uint16_t*>(base)[i] = dev_float_to_f16_bits(value_to_odd_float(v)); break;
     case DType::I32: static_cast<int32_t*>(base)[i] = value_to_int<int32_t>(v); break;
     case DType::I64: static_cast<int64_t*>(base)[i] = value_to_int<int64_t>(v); break;
     case DType::U16: static_cast<uint16_t*>(base)[i] = value_to_int<uint16_t>(v); break;
@@ -208,16 +251,16 @@ void fill(DType dt, void* dst, int64_t n, double value, cudaStream_t stream) {
       launch_fill<uint64_t>(dst, n, bits, stream);
       return;
     }
-    case DType::BF16: launch_fill<uint16_t>(dst, n, float_to_bf16_bits(static_cast<float>(value)), stream); return;
-    case DType::F16: launch_fill<uint16_t>(dst, n, float_to_f16_bits(static_cast<float>(value)), stream); return;
+    case DType::BF16: launch_fill<uint16_t>(dst, n, float_to_bf16_bits(round_to_odd_float(value)), stream); return;
+    case DType::F16: launch_fill<uint16_t>(dst, n, float_to_f16_bits(round_to_odd_float(value)), stream); return;
     case DType::I32:
-      launch_fill<uint32_t>(dst, n, static_cast<uint32_t>(static_cast<int32_t>(value)), stream);
+      launch_fill<uint32_t>(dst, n, static_cast<uint32_t>(saturate_trunc<int32_t>(value)), stream);
       return;
     case DType::I64:
-      launch_fill<uint64_t>(dst, n, static_cast<uint64_t>(static_cast<int64_t>(value)), stream);
+      launch_fill<uint64_t>(dst, n, static_cast<uint64_t>(saturate_trunc<int64_t>(value)), stream);
       return;
-    case DType::U16: launch_fill<uint16_t>(dst, n, static_cast<uint16_t>(value), stream); return;
-    case DType::U8: launch_fill<uint8_t>(dst, n, static_cast<uint8_t>(value), stream); return;
+    case DType::U16: launch_fill<uint16_t>(dst, n, saturate_trunc<uint16_t>(value), stream); return;
+    case DType::U8: launch_fill<uint8_t>(dst, n, saturate_trunc<uint8_t>(value), stream); return;
     case DType::Bool: launch_fill<uint8_t>(dst, n, static_cast<uint8_t>(value != 0.0 ? 1 : 0), stream); return;
   }
   BT_FAIL("cuda fill: unsupported dtype ", dt);

@@ -265,10 +265,13 @@ void validate(const GemmArgs& a, const char* what) {
   BT_CHECK(a.batch >= 0 && a.batch <= INT32_MAX, "cuda ", what, ": batch ", a.batch, " out of range");
   const int64_t a_cols = a.trans_a ? a.m : a.k;
   const int64_t b_cols = a.trans_b ? a.k : a.n;
-  BT_CHECK(a.lda >= (a_cols > 1 ? a_cols : 1), "cuda ", what, ": lda ", a.lda, " is smaller than ", a_cols,
-           " (row-major ", a.trans_a ? "A^T" : "A", ")");
-  BT_CHECK(a.ldb >= (b_cols > 1 ? b_cols : 1), "cuda ", what, ": ldb ", a.ldb, " is smaller than ", b_cols,
-           " (row-major ", a.trans_b ? "B^T" : "B", ")");
+  BT_CHECK(a.lda >= (a_cols > 1 ? a_cols : 1) || a.k == 0, "cuda ", what, ": lda ", a.lda, " is smaller than ",
+           a_cols, " (the columns of the row-major A", a.trans_a ? ", trans_a" : "", ")");
+  BT_CHECK(a.ldb >= (b_cols > 1 ? b_cols : 1) || a.k == 0, "cuda ", what, ": ldb ", a.ldb, " is smaller than ",
+           b_cols, " (the columns of the row-major B", a.trans_b ? ", trans_b" : "", ")");
+  BT_CHECK(a.epilogue == Epilogue::None || a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::Gelu ||
+               a.epilogue == Epilogue::BiasGelu,
+           "cuda ", what, ": unknown epilogue ", static_cast<int>(a.epilogue));
   BT_CHECK(a.ldc >= (a.n > 1 ? a.n : 1), "cuda ", what, ": ldc ", a.ldc, " is smaller than n = ", a.n);
   if (a.batch > 1)
     BT_CHECK(a.stride_a >= 0 && a.stride_b >= 0 && a.stride_c >= 0, "cuda ", what, ": negative batch stride");
@@ -285,7 +288,8 @@ void gemm(const GemmArgs& args, cudaStream_t stream) {
   const bool bias = a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::BiasGelu;
   const bool gelu = a.epilogue == Epilogue::Gelu || a.epilogue == Epilogue::BiasGelu;
   BT_CHECK(!bias || a.bias != nullptr, "cuda gemm: the bias epilogue needs a bias pointer");
-  BT_CHECK(!bias || a.beta == 0.0f, "cuda gemm: the bias epilogues require beta == 0 (got beta ", a.beta, ")");
+  BT_CHECK(a.epilogue != Epilogue::Bias || a.beta == 0.0f, "cuda gemm: the Bias epilogue requires beta == 0 (got beta ",
+           a.beta, "); add the bias separately when accumulating into C");
   if (!gelu) a.pre_gelu = nullptr;
   if (!bias) a.bias = nullptr;
 

@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kThreads) ln_bwd_fast_kernel(const T* __restri
     }
     s1 = warp_sum(s1) * inv_cols;
     s2 = warp_sum(s2) * inv_cols;
+    if (dx == nullptr) continue;
     P* pdx = reinterpret_cast<P*>(dx + row * cols);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(kThreads) ln_bwd_generic_kernel(const T* __res
     }
     s1 = warp_sum(s1) * inv_cols;
     s2 = warp_sum(s2) * inv_cols;
+    if (dx == nullptr) continue;
     T* pdx = dx + row * cols;
     for (int64_t j = lane; j < cols; j += 32) {
       const float xh = (ldf(px + j) - mu) * rs;
@@ -301,8 +303,11 @@ int pick_k(int64_t need) {
   return 0;
 }
 
-template <typename T, typename F>
+/// Calls f(integral_constant<K>) for a supported K; false for k == 0 (or a K
+/// above kMaxK, which keeps the backward's register-hungry variants out).
+template <int kMaxK, typename F>
 bool with_k(int k, F&& f) {
+  if (k > kMaxK) return false;
   switch (k) {
     case 1: f(std::integral_constant<int, 1>{}); return true;
     case 2: f(std::integral_constant<int, 2>{}); return true;
@@ -310,8 +315,12 @@ bool with_k(int k, F&& f) {
     case 4: f(std::integral_constant<int, 4>{}); return true;
     case 6: f(std::integral_constant<int, 6>{}); return true;
     case 8: f(std::integral_constant<int, 8>{}); return true;
-    case 12: f(std::integral_constant<int, 12>{}); return true;
-    case 16: f(std::integral_constant<int, 16>{}); return true;
+    case 12:
+      if constexpr (kMaxK >= 12) f(std::integral_constant<int, 12>{});
+      return true;
+    case 16:
+      if constexpr (kMaxK >= 16) f(std::integral_constant<int, 16>{});
+      return true;
     default: return false;
   }
 }
@@ -343,7 +352,7 @@ void layernorm_forward(DType dt, const void* x, const void* w, const void* b, vo
     const bool vec_ok = cols % V == 0 && aligned_to(px, 16) && aligned_to(py, 16) && aligned_to(pw, 16) &&
                         aligned_to(pb, 16);
     const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
-    const bool launched = with_k<T>(k, [&](auto kc) {
+    const bool launched = with_k<16>(k, [&](auto kc) {
       ln_fwd_fast_kernel<T, decltype(kc)::value><<<blocks, kThreads, 0, stream>>>(
           px, pw, pb, py, mean, rstd, rows, static_cast<int>(cols), eps);
     });
@@ -373,8 +382,9 @@ void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, 
       if (pdb_out) BT_CUDA_CHECK(cudaMemsetAsync(pdb_out, 0, static_cast<size_t>(cols) * sizeof(T), stream));
       return;
     }
-    BT_CHECK(dy != nullptr && x != nullptr && dx != nullptr && mean != nullptr && rstd != nullptr,
-             "cuda layernorm_backward: dy, x, dx, mean and rstd must be non-null");
+    BT_CHECK(dy != nullptr && x != nullptr && mean != nullptr && rstd != nullptr,
+             "cuda layernorm_backward: dy, x, mean and rstd must be non-null");
+    if (dx == nullptr && pdw_out == nullptr && pdb_out == nullptr) return;
     const bool need_partials = pdw_out != nullptr || pdb_out != nullptr;
     BT_CHECK(!need_partials || scratch != nullptr, "cuda layernorm_backward: dw/db requested but scratch is null ",
              "(allocate layernorm_backward_scratch_floats(rows, cols) floats)");
@@ -390,9 +400,9 @@ void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, 
     const unsigned blocks = static_cast<unsigned>(ceil_div(nparts, kWarpsPerBlock));
     const bool vec_ok = cols % V == 0 && aligned_to(pdy, 16) && aligned_to(px, 16) && aligned_to(pw, 16) &&
                         aligned_to(pdx, 16);
-    int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
-    if (k > 8) k = 0;  // register budget: 2 * K * V accumulators per lane
-    const bool launched = with_k<T>(k, [&](auto kc) {
+    const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
+    // K <= 8: the lane keeps 2 * K * V float accumulators in registers.
+    const bool launched = with_k<8>(k, [&](auto kc) {
       ln_bwd_fast_kernel<T, decltype(kc)::value><<<blocks, kThreads, 0, stream>>>(
           pdy, px, pw, mean, rstd, pdx, part_w, part_b, rows, static_cast<int>(cols), nparts);
     });

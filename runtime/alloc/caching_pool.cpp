@@ -306,15 +306,7 @@ void CachingPool::process_events() {
     }
     pending_[i] = pending_.back();
     pending_.pop_back();
-    if (--b->pending_events == 0) free_block(b);  // Note [Synchronize before releasing segments]
-//   A free block is only free *in its stream's order*: work queued on that
-//   stream before the deallocate() may still be running on it. Reusing it on
-//   the same stream is safe, but handing the memory back to the backing is
-//   not, unless the device is idle. So the pool calls synchronize() before
-//   raw_free() (cudaFree synchronizes anyway; a fake or an asynchronous
-//   backing might not).
-//
-// Note [Pending blocks are never merged]
+    if (--b->pending_events == 0) free_block(b);  // Note [Pending blocks are never merged]
     backing_.release_event(ev);
   }
 }
@@ -338,7 +330,8 @@ void CachingPool::release_segment(Block* head) {
 size_t CachingPool::release_free_segments(bool synchronized) {
   std::vector<Block*> heads;
   for (auto& [base, head] : segments_)
-    if (head->next == nullptr && head->state == BlockState::kFree) heads.push_back(head);  // Note [No two free neighbours]
+    if (head->next == nullptr && head->state == BlockState::kFree)
+      heads.push_back(head);  // Note [No two free neighbours]
   if (heads.empty()) return 0;
   if (!synchronized) backing_.synchronize();  // Note [Synchronize before releasing segments]
   size_t released = 0;
@@ -353,10 +346,11 @@ void CachingPool::throw_oom(size_t nbytes, size_t seg) {
   size_t free_b = 0, total_b = 0;
   std::string device_info;
   if (backing_.memory_info(&free_b, &total_b))
-    device_info = cat("; the device has ", format_bytes(total_b), " in total, of which ", format_bytes(free_b),
-                      " is free (memory held by other processes or libraries counts against it)");
-  BT_FAIL("out of memory on ", backing_.name(), ": tried to allocate ", format_bytes(nbytes),
-          " (a ", format_bytes(seg), " segment) after freeing all cached memory; ", format_bytes(stats_.allocated),
+    device_info =
+        cat("; the device has ", format_bytes(total_b), " in total, of which ", format_bytes(free_b),
+            " is free (memory held by other processes or libraries counts against it)");
+  BT_FAIL("out of memory on ", backing_.name(), ": tried to allocate ", format_bytes(nbytes), " (a ",
+          format_bytes(seg), " segment) after freeing all cached memory; ", format_bytes(stats_.allocated),
           " is allocated by live tensors and ", format_bytes(stats_.reserved),
           " is reserved by the caching allocator", device_info,
           ". To fit, reduce the (micro-)batch size or sequence length, enable activation checkpointing, "

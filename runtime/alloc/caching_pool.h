@@ -46,8 +46,7 @@
 //       fits, use it (no flush is counted);
 //    2. otherwise release every cached segment that is entirely free (of any
 //       stream and either pool; the device is idle after step 1) and retry
-//       the backing allocation once
-//       (stats.num_oom_retries counts these flushes);
+//       the backing allocation once (stats.num_oom_retries counts these);
 //    3. if that fails and the segment size was larger than the request (a
 //       20 MiB segment for a 1..10 MiB request), try a segment of just the
 //       request rounded up to 2 MiB;
@@ -90,7 +89,7 @@ namespace bt {
 class BackingAllocator {
  public:
   virtual ~BackingAllocator() = default;
-  virtual void* raw_alloc(size_t bytes) = 0;            // nullptr on out-of-memory
+  virtual void* raw_alloc(size_t bytes) = 0;  // nullptr on out-of-memory
   virtual void raw_free(void* p) = 0;
   virtual uint64_t record_event(uintptr_t stream) = 0;  // an event marking work queued so far on stream
   virtual bool event_done(uint64_t ev) = 0;
@@ -105,10 +104,10 @@ class BackingAllocator {
 
 class CachingPool {
  public:
-  static constexpr size_t kMinBlockSize = 512;               // rounding unit
-  static constexpr size_t kSmallSize = size_t{1} << 20;      // largest small-pool request
-  static constexpr size_t kSmallBuffer = size_t{2} << 20;    // small-pool segment size
-  static constexpr size_t kLargeBuffer = size_t{20} << 20;   // segment for 1..10 MiB requests
+  static constexpr size_t kMinBlockSize = 512;                // rounding unit
+  static constexpr size_t kSmallSize = size_t{1} << 20;       // largest small-pool request
+  static constexpr size_t kSmallBuffer = size_t{2} << 20;     // small-pool segment size
+  static constexpr size_t kLargeBuffer = size_t{20} << 20;    // segment for 1..10 MiB requests
   static constexpr size_t kMinLargeAlloc = size_t{10} << 20;  // from here: request rounded to 2 MiB
   static constexpr size_t kRoundLarge = size_t{2} << 20;
 
@@ -164,8 +163,8 @@ class CachingPool {
     BlockState state = BlockState::kFree;
     Block* prev = nullptr;  // neighbours in the same segment, by address
     Block* next = nullptr;
-    int pending_events = 0;               // while kPending
-    std::vector<uintptr_t> stream_uses;   // other streams (record_stream), while kLive
+    int pending_events = 0;              // while kPending
+    std::vector<uintptr_t> stream_uses;  // other streams (record_stream), while kLive
   };
   struct BlockLess {
     bool operator()(const Block* a, const Block* b) const;
@@ -187,8 +186,8 @@ class CachingPool {
   mutable std::mutex mu_;
   FreeSet small_free_;
   FreeSet large_free_;
-  std::unordered_map<void*, Block*> live_;       // kLive blocks by address
-  std::map<char*, Block*> segments_;             // segment base -> head block
+  std::unordered_map<void*, Block*> live_;            // kLive blocks by address
+  std::map<char*, Block*> segments_;                  // segment base -> head block
   std::vector<std::pair<uint64_t, Block*>> pending_;  // (event, block waiting on it)
   AllocatorStats stats_;
 };

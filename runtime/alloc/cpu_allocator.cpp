@@ -19,7 +19,8 @@ class CpuAllocator final : public Allocator {
              " bytes of host memory (a negative size converted to size_t?)");
     // std::aligned_alloc needs a size that is a multiple of the alignment; 0 B
     // becomes one cache line so every allocation is a distinct, valid pointer.
-    const size_t size = nbytes == 0 ? kCpuAlignment : (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    const size_t size =
+        nbytes == 0 ? kCpuAlignment : (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, size);
     BT_CHECK(p != nullptr, "out of host memory: tried to allocate ", alloc_detail::format_bytes(nbytes),
              "; reduce the batch size, the data-loader prefetch depth, or the number of workers");

@@ -109,7 +109,9 @@ class CudaDeviceAllocator final : public Allocator {
  public:
   explicit CudaDeviceAllocator(int device) : device_(device), backing_(device), pool_(backing_) {}
 
-  void* allocate(size_t nbytes, const Stream& stream) override { return pool_.allocate(nbytes, stream_key(stream)); }
+  void* allocate(size_t nbytes, const Stream& stream) override {
+    return pool_.allocate(nbytes, stream_key(stream));
+  }
   void deallocate(void* ptr) override { pool_.deallocate(ptr); }
   void record_stream(void* ptr, const Stream& stream) override {
     if (stream.device().is_cpu()) return;  // CPU work is synchronous
@@ -126,8 +128,8 @@ class CudaDeviceAllocator final : public Allocator {
   }
   void check_same_device(const Stream& s, const char* what) const {
     BT_CHECK(s.device().index == device_, what, ": memory of the cuda:", device_,
-             " allocator cannot be ordered on a stream of ", s.device(),
-             "; use a stream of cuda:", device_, " (and stream_wait() to order the two devices' work)");
+             " allocator cannot be ordered on a stream of ", s.device(), "; use a stream of cuda:", device_,
+             " (and stream_wait() to order the two devices' work)");
   }
 
   int device_;

@@ -52,10 +52,12 @@ class PinnedAllocator final : public Allocator {
         release_cached();
         p = raw_alloc(cls);
       }
-      BT_CHECK(p != nullptr, "out of ", page_locked_ ? "pinned (page-locked) " : "", "host memory: tried to allocate ",
-               alloc_detail::format_bytes(nbytes), " (size class ", alloc_detail::format_bytes(cls),
-               ") after releasing all cached pinned blocks; reduce the data-loader prefetch depth or batch size, "
-               "or raise the locked-memory limit (ulimit -l) of the job");
+      BT_CHECK(
+          p != nullptr, "out of ", page_locked_ ? "pinned (page-locked) " : "",
+          "host memory: tried to allocate ", alloc_detail::format_bytes(nbytes), " (size class ",
+          alloc_detail::format_bytes(cls),
+          ") after releasing all cached pinned blocks; reduce the data-loader prefetch depth or batch size, "
+          "or raise the locked-memory limit (ulimit -l) of the job");
       Block nb;
       nb.size = cls;
       blocks_.emplace(p, std::move(nb));
@@ -228,8 +230,8 @@ class PinnedAllocator final : public Allocator {
 
   const bool page_locked_;
   std::mutex mu_;
-  std::unordered_map<void*, Block> blocks_;               // Note [Pinned block states]
-  std::unordered_map<size_t, std::vector<void*>> free_;   // size class -> cached blocks
+  std::unordered_map<void*, Block> blocks_;              // Note [Pinned block states]
+  std::unordered_map<size_t, std::vector<void*>> free_;  // size class -> cached blocks
   std::vector<PendingEvent> pending_;
   std::unordered_map<int, std::vector<void*>> event_pool_;  // device -> completed events
   size_t cached_bytes_ = 0;

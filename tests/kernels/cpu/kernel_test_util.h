@@ -2,14 +2,14 @@
 // random data, and the relative-error metric with per-dtype tolerances.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/error.h"
@@ -106,9 +106,12 @@ inline double rel_err(const std::vector<double>& out, const std::vector<double>&
 /// The acceptance bound for rel_err on each dtype.
 inline double tol(DType dt) {
   switch (dt) {
-    case DType::F64: return 1e-12;
-    case DType::F32: return 1e-5;
-    default: return 1e-2;
+    case DType::F64:
+      return 1e-12;
+    case DType::F32:
+      return 1e-5;
+    default:
+      return 1e-2;
   }
 }
 

@@ -1,13 +1,12 @@
 // strided_copy / fill / arange on every dtype and every conversion pair.
-#include "kernels/copy.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/copy.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -21,15 +20,24 @@ void encode(DType dt, void* base, int64_t i, double v) {
   unsigned char* p = static_cast<unsigned char*>(base) + i * dtype_size(dt);
   auto put = [&](auto x) { std::memcpy(p, &x, sizeof(x)); };
   switch (dt) {
-    case DType::F32: return put(static_cast<float>(v));
-    case DType::F64: return put(v);
-    case DType::BF16: return put(float_to_bf16_bits(static_cast<float>(v)));
-    case DType::F16: return put(float_to_f16_bits(static_cast<float>(v)));
-    case DType::I32: return put(static_cast<int32_t>(v));
-    case DType::I64: return put(static_cast<int64_t>(v));
-    case DType::U16: return put(static_cast<uint16_t>(v));
-    case DType::U8: return put(static_cast<uint8_t>(v));
-    case DType::Bool: return put(static_cast<uint8_t>(v != 0));
+    case DType::F32:
+      return put(static_cast<float>(v));
+    case DType::F64:
+      return put(v);
+    case DType::BF16:
+      return put(float_to_bf16_bits(static_cast<float>(v)));
+    case DType::F16:
+      return put(float_to_f16_bits(static_cast<float>(v)));
+    case DType::I32:
+      return put(static_cast<int32_t>(v));
+    case DType::I64:
+      return put(static_cast<int64_t>(v));
+    case DType::U16:
+      return put(static_cast<uint16_t>(v));
+    case DType::U8:
+      return put(static_cast<uint8_t>(v));
+    case DType::Bool:
+      return put(static_cast<uint8_t>(v != 0));
   }
 }
 
@@ -40,15 +48,24 @@ double decode(DType dt, const void* base, int64_t i) {
     return x;
   };
   switch (dt) {
-    case DType::F32: return get(float{});
-    case DType::F64: return get(double{});
-    case DType::BF16: return bf16_bits_to_float(get(uint16_t{}));
-    case DType::F16: return f16_bits_to_float(get(uint16_t{}));
-    case DType::I32: return get(int32_t{});
-    case DType::I64: return static_cast<double>(get(int64_t{}));
-    case DType::U16: return get(uint16_t{});
-    case DType::U8: return get(uint8_t{});
-    case DType::Bool: return get(uint8_t{});
+    case DType::F32:
+      return get(float{});
+    case DType::F64:
+      return get(double{});
+    case DType::BF16:
+      return bf16_bits_to_float(get(uint16_t{}));
+    case DType::F16:
+      return f16_bits_to_float(get(uint16_t{}));
+    case DType::I32:
+      return get(int32_t{});
+    case DType::I64:
+      return static_cast<double>(get(int64_t{}));
+    case DType::U16:
+      return get(uint16_t{});
+    case DType::U8:
+      return get(uint8_t{});
+    case DType::Bool:
+      return get(uint8_t{});
   }
   return NAN;
 }
@@ -57,30 +74,44 @@ bool is_int(DType dt) { return !is_floating(dt) && dt != DType::Bool; }
 
 double int_min(DType dt) {
   switch (dt) {
-    case DType::I32: return -2147483648.0;
-    case DType::I64: return -9223372036854775808.0;
-    default: return 0;
+    case DType::I32:
+      return -2147483648.0;
+    case DType::I64:
+      return -9223372036854775808.0;
+    default:
+      return 0;
   }
 }
 double int_max(DType dt) {
   switch (dt) {
-    case DType::I32: return 2147483647.0;
-    case DType::I64: return 9223372036854775807.0;
-    case DType::U16: return 65535;
-    case DType::U8: return 255;
-    default: return 1;
+    case DType::I32:
+      return 2147483647.0;
+    case DType::I64:
+      return 9223372036854775807.0;
+    case DType::U16:
+      return 65535;
+    case DType::U8:
+      return 255;
+    default:
+      return 1;
   }
 }
 
 /// v is exactly a value of dt.
 bool representable(DType dt, double v) {
   switch (dt) {
-    case DType::F64: return true;
-    case DType::F32: return static_cast<double>(static_cast<float>(v)) == v;
-    case DType::BF16: return bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(v))) == v;
-    case DType::F16: return f16_bits_to_float(float_to_f16_bits(static_cast<float>(v))) == v;
-    case DType::Bool: return v == 0 || v == 1;
-    default: return v == std::trunc(v) && v >= int_min(dt) && v <= int_max(dt);
+    case DType::F64:
+      return true;
+    case DType::F32:
+      return static_cast<double>(static_cast<float>(v)) == v;
+    case DType::BF16:
+      return bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(v))) == v;
+    case DType::F16:
+      return f16_bits_to_float(float_to_f16_bits(static_cast<float>(v))) == v;
+    case DType::Bool:
+      return v == 0 || v == 1;
+    default:
+      return v == std::trunc(v) && v >= int_min(dt) && v <= int_max(dt);
   }
 }
 
@@ -93,9 +124,9 @@ StridedLayout contiguous1d(int64_t n) {
 }
 
 TEST(CopyCpu, AllConversionPairsExactValues) {
-  const std::vector<double> values = {0,    1,    -1,   2,     3,     -3.25, 0.5,  2.5,  -1.75, 7,
-                                      100,  -100, 127,  -128,  200,   255,   1000, -2048, 65504, 0.15625,
-                                      1e-3, 1e6,  -1e9, 40000, 1e-30, 0x1p100};
+  const std::vector<double> values = {0,     1,       -1,   2,   3,    -3.25, 0.5,   2.5,    -1.75,
+                                      7,     100,     -100, 127, -128, 200,   255,   1000,   -2048,
+                                      65504, 0.15625, 1e-3, 1e6, -1e9, 40000, 1e-30, 0x1p100};
   int checked = 0;
   for (DType s : kAllDTypes)
     for (DType d : kAllDTypes) {
@@ -159,20 +190,22 @@ TEST(CopyCpu, StridedViews) {
     int64_t base;  // element offset of the view's origin in the source buffer
   };
   const std::vector<Case> cases = {
-      {0, {}, {}, 5},                                  // scalar
-      {1, {17}, {1}, 0},                               // contiguous
-      {2, {3, 5}, {1, 3}, 0},                          // transpose of [5, 3]
-      {2, {4, 7}, {0, 1}, 2},                          // broadcast rows
-      {3, {2, 3, 4}, {12, 1, 3}, 0},                   // permuted
-      {3, {3, 1, 5}, {-5, 99, 1}, 10},                 // negative stride, size-1 dim
-      {2, {3, 4}, {8, 2}, 1},                          // every other element
-      {4, {2, 1, 3, 2}, {0, 7, 2, -1}, 1},             // mixed
-      {2, {0, 5}, {5, 1}, 0},                          // empty
+      {0, {}, {}, 5},                                              // scalar
+      {1, {17}, {1}, 0},                                           // contiguous
+      {2, {3, 5}, {1, 3}, 0},                                      // transpose of [5, 3]
+      {2, {4, 7}, {0, 1}, 2},                                      // broadcast rows
+      {3, {2, 3, 4}, {12, 1, 3}, 0},                               // permuted
+      {3, {3, 1, 5}, {-5, 99, 1}, 10},                             // negative stride, size-1 dim
+      {2, {3, 4}, {8, 2}, 1},                                      // every other element
+      {4, {2, 1, 3, 2}, {0, 7, 2, -1}, 1},                         // mixed
+      {2, {0, 5}, {5, 1}, 0},                                      // empty
       {8, {1, 2, 1, 2, 1, 2, 1, 2}, {0, 8, 0, 4, 0, 2, 0, 1}, 0},  // kMaxDims
   };
   const std::vector<double> src = randn(64, 3);
-  const std::pair<DType, DType> pairs[] = {{DType::F32, DType::F32}, {DType::F32, DType::F64},
-                                           {DType::F32, DType::BF16}, {DType::BF16, DType::F32},
+  const std::pair<DType, DType> pairs[] = {{DType::F32, DType::F32},
+                                           {DType::F32, DType::F64},
+                                           {DType::F32, DType::BF16},
+                                           {DType::BF16, DType::F32},
                                            {DType::F16, DType::F64}};
   for (const auto& c : cases)
     for (auto [s, d] : pairs) {
@@ -242,11 +275,20 @@ TEST(CopyCpu, FloatToIntTruncatesSaturatesAndZeroesNan) {
     DType d;
     double expect;
   };
-  const C cases[] = {{2.9, DType::I32, 2},          {-2.9, DType::I32, -2},       {1e20, DType::I32, 2147483647.0},
-                     {-1e20, DType::I32, -2147483648.0}, {NAN, DType::I32, 0},   {inf, DType::U8, 255},
-                     {-5.5, DType::U8, 0},          {300, DType::U8, 255},        {-inf, DType::I64, -9223372036854775808.0},
-                     {70000, DType::U16, 65535},    {-0.0, DType::U16, 0},        {NAN, DType::Bool, 1},
-                     {-0.0, DType::Bool, 0},        {0.25, DType::Bool, 1}};
+  const C cases[] = {{2.9, DType::I32, 2},
+                     {-2.9, DType::I32, -2},
+                     {1e20, DType::I32, 2147483647.0},
+                     {-1e20, DType::I32, -2147483648.0},
+                     {NAN, DType::I32, 0},
+                     {inf, DType::U8, 255},
+                     {-5.5, DType::U8, 0},
+                     {300, DType::U8, 255},
+                     {-inf, DType::I64, -9223372036854775808.0},
+                     {70000, DType::U16, 65535},
+                     {-0.0, DType::U16, 0},
+                     {NAN, DType::Bool, 1},
+                     {-0.0, DType::Bool, 0},
+                     {0.25, DType::Bool, 1}};
   for (const C& c : cases)
     for (DType s : {DType::F64, DType::F32}) {
       std::vector<unsigned char> a(8), b(8);
@@ -313,7 +355,8 @@ TEST(CopyCpu, Errors) {
   l.ndim = 9;
   EXPECT_THROW(cpu::strided_copy(DType::F32, buf.data(), l, DType::F32, buf.data() + 32), Error);
   l = contiguous1d(-3);
-  expect_error([&] { cpu::strided_copy(DType::F32, buf.data(), l, DType::F32, buf.data() + 32); }, "negative");
+  expect_error([&] { cpu::strided_copy(DType::F32, buf.data(), l, DType::F32, buf.data() + 32); },
+               "negative");
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
 // Host bf16 / f16 conversions in kernels/common/dtype.h, against known bit
 // patterns and an independent nearest-value search.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "kernels/common/dtype.h"
 
@@ -44,7 +44,7 @@ TEST(Bf16, InfNanOverflow) {
   EXPECT_EQ(float_to_bf16_bits(inf), 0x7f80);
   EXPECT_EQ(float_to_bf16_bits(-inf), 0xff80);
   EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to inf
-  EXPECT_EQ(float_to_bf16_bits(from_bits(0x7f7f7fff)), 0x7f7f);               // largest finite stays
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x7f7f7fff)), 0x7f7f);              // largest finite stays
   for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu, 0x7f80ffffu}) {
     const uint16_t h = float_to_bf16_bits(from_bits(nan));
     EXPECT_EQ(h & 0x7f80, 0x7f80) << std::hex << nan;
@@ -108,11 +108,11 @@ TEST(F16, Subnormals) {
   const float tiny = std::ldexp(1.0f, -24);  // smallest f16 subnormal
   EXPECT_EQ(float_to_f16_bits(tiny), 0x0001);
   EXPECT_EQ(float_to_f16_bits(-tiny), 0x8001);
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);          // tie 0 / 1 -> 0
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25) * 1.5f), 0x0001);   // above the tie
-  EXPECT_EQ(float_to_f16_bits(3 * std::ldexp(1.0f, -25)), 0x0002);      // tie 1 / 2 -> 2
-  EXPECT_EQ(float_to_f16_bits(1023 * tiny), 0x03ff);                    // largest subnormal
-  EXPECT_EQ(float_to_f16_bits(1023.5f * tiny), 0x0400);                 // tie -> smallest normal
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);         // tie 0 / 1 -> 0
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25) * 1.5f), 0x0001);  // above the tie
+  EXPECT_EQ(float_to_f16_bits(3 * std::ldexp(1.0f, -25)), 0x0002);     // tie 1 / 2 -> 2
+  EXPECT_EQ(float_to_f16_bits(1023 * tiny), 0x03ff);                   // largest subnormal
+  EXPECT_EQ(float_to_f16_bits(1023.5f * tiny), 0x0400);                // tie -> smallest normal
   EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);
   EXPECT_EQ(float_to_f16_bits(1e-10f), 0x0000);
   EXPECT_EQ(f16_bits_to_float(0x0001), tiny);

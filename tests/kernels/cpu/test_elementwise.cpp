@@ -1,11 +1,10 @@
 // Broadcasting binary ops and unary ops against double references.
-#include "kernels/elementwise.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/elementwise.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -17,11 +16,16 @@ namespace cpu = kernels::cpu;
 
 double ref_binary(BinaryOp op, double x, double y) {
   switch (op) {
-    case BinaryOp::Add: return x + y;
-    case BinaryOp::Sub: return x - y;
-    case BinaryOp::Mul: return x * y;
-    case BinaryOp::Div: return x / y;
-    case BinaryOp::Pow: return std::pow(x, y);
+    case BinaryOp::Add:
+      return x + y;
+    case BinaryOp::Sub:
+      return x - y;
+    case BinaryOp::Mul:
+      return x * y;
+    case BinaryOp::Div:
+      return x / y;
+    case BinaryOp::Pow:
+      return std::pow(x, y);
   }
   return NAN;
 }
@@ -59,13 +63,13 @@ TEST(ElementwiseCpu, BinaryBroadcastAndStrides) {
   const std::vector<BinCase> cases = {
       {{1}, {1}, {1}, 1, 1},
       {{17}, {1}, {1}, 17, 17},
-      {{33}, {1}, {0}, 33, 1},                    // scalar b
-      {{3, 5}, {5, 1}, {0, 1}, 15, 5},            // row vector b
-      {{3, 5}, {1, 3}, {1, 0}, 15, 3},            // transposed a, column b
-      {{2, 3, 4}, {12, 4, 1}, {1, 2, 6}, 24, 24}, // permuted b
-      {{4, 1, 7}, {0, 5, 1}, {7, 0, 1}, 7, 28},   // broadcast both ways
-      {{}, {}, {}, 1, 1},                         // 0-d
-      {{0, 3}, {3, 1}, {0, 1}, 1, 3},             // empty
+      {{33}, {1}, {0}, 33, 1},                     // scalar b
+      {{3, 5}, {5, 1}, {0, 1}, 15, 5},             // row vector b
+      {{3, 5}, {1, 3}, {1, 0}, 15, 3},             // transposed a, column b
+      {{2, 3, 4}, {12, 4, 1}, {1, 2, 6}, 24, 24},  // permuted b
+      {{4, 1, 7}, {0, 5, 1}, {7, 0, 1}, 7, 28},    // broadcast both ways
+      {{}, {}, {}, 1, 1},                          // 0-d
+      {{0, 3}, {3, 1}, {0, 1}, 1, 3},              // empty
   };
   const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow};
   uint32_t seed = 1;
@@ -86,8 +90,8 @@ TEST(ElementwiseCpu, BinaryBroadcastAndStrides) {
           ref[i] = ref_binary(op, av[offset_ref(la, i)], bv[offset_ref(lb, i)]);
           got[i] = out.get(i);
         }
-        EXPECT_LT(rel_err(got, ref), tol(dt)) << name_of(dt) << " op " << static_cast<int>(op) << " ndim "
-                                               << c.shape.size();
+        EXPECT_LT(rel_err(got, ref), tol(dt))
+            << name_of(dt) << " op " << static_cast<int>(op) << " ndim " << c.shape.size();
       }
 }
 

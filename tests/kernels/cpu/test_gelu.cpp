@@ -1,11 +1,10 @@
 // tanh-GELU forward and backward against double references and finite differences.
-#include "kernels/gelu.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/gelu.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -53,8 +52,9 @@ TEST(GeluCpu, Backward) {
       const std::vector<double> xv = x.vals(), gv = dy.vals();
       for (int64_t i = 0; i < n; ++i) {
         const double h = 1e-3, v = xv[i];
-        const double d = (-gelu_ref(v + 2 * h) + 8 * gelu_ref(v + h) - 8 * gelu_ref(v - h) + gelu_ref(v - 2 * h)) /
-                         (12 * h);
+        const double d =
+            (-gelu_ref(v + 2 * h) + 8 * gelu_ref(v + h) - 8 * gelu_ref(v - h) + gelu_ref(v - 2 * h)) /
+            (12 * h);
         ref.push_back(gv[i] * d);
       }
       EXPECT_LT(rel_err(dx.vals(), ref), std::max(tol(dt), 1e-11)) << name_of(dt) << " n=" << n;
@@ -63,8 +63,10 @@ TEST(GeluCpu, Backward) {
 
 TEST(GeluCpu, Errors) {
   std::vector<int32_t> buf(4);
-  expect_error([&] { cpu::gelu_forward(DType::U8, buf.data(), buf.data(), 4); }, "gelu_forward: unsupported dtype u8");
-  expect_error([&] { cpu::gelu_backward(DType::F16, buf.data(), buf.data(), buf.data(), 4); }, "gelu_backward");
+  expect_error([&] { cpu::gelu_forward(DType::U8, buf.data(), buf.data(), 4); },
+               "gelu_forward: unsupported dtype u8");
+  expect_error([&] { cpu::gelu_backward(DType::F16, buf.data(), buf.data(), buf.data(), 4); },
+               "gelu_backward");
 }
 
 }  // namespace

@@ -1,12 +1,11 @@
 // Batched row-major GEMM with epilogues against a naive double reference.
-#include "kernels/gemm.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/gemm.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -25,14 +24,15 @@ struct Case {
   int64_t batch = 1;
   float alpha = 1.0f, beta = 0.0f;
   Epilogue epi = Epilogue::None;
-  int64_t pad = 0;          // extra columns in every leading dimension
-  bool bcast_b = false;     // stride_b = 0: one B for all batch items
-  bool with_pre = false;    // request pre_gelu
+  int64_t pad = 0;        // extra columns in every leading dimension
+  bool bcast_b = false;   // stride_b = 0: one B for all batch items
+  bool with_pre = false;  // request pre_gelu
 };
 
 std::string describe(DType dt, const Case& c) {
-  return bt::cat(dtype_name(dt), " m=", c.m, " n=", c.n, " k=", c.k, " ta=", c.ta, " tb=", c.tb, " batch=", c.batch,
-                 " alpha=", c.alpha, " beta=", c.beta, " epi=", static_cast<int>(c.epi), " pad=", c.pad);
+  return bt::cat(dtype_name(dt), " m=", c.m, " n=", c.n, " k=", c.k, " ta=", c.ta, " tb=", c.tb,
+                 " batch=", c.batch, " alpha=", c.alpha, " beta=", c.beta, " epi=", static_cast<int>(c.epi),
+                 " pad=", c.pad);
 }
 
 void run_case(DType dt, const Case& c, uint32_t seed) {
@@ -52,8 +52,8 @@ void run_case(DType dt, const Case& c, uint32_t seed) {
   g.stride_b = c.bcast_b ? 0 : br * g.ldb + 1;
   g.stride_c = c.m * g.ldc + 2;
   g.epilogue = c.epi;
-  const int64_t na = std::max<int64_t>(c.batch * g.stride_a, 1), nb = std::max<int64_t>(c.batch * g.stride_b + br * g.ldb, 1),
-                nc = c.batch * g.stride_c;
+  const int64_t na = std::max<int64_t>(c.batch * g.stride_a, 1),
+                nb = std::max<int64_t>(c.batch * g.stride_b + br * g.ldb, 1), nc = c.batch * g.stride_c;
   Buf A = rand_buf(dt, na, seed), B = rand_buf(dt, nb, seed + 1), C = rand_buf(dt, nc, seed + 2),
       bias = rand_buf(dt, c.n, seed + 3), pre(dt, nc);
   if (c.beta == 0.0f)  // C must not be read when beta == 0: poison it

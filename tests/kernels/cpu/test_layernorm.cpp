@@ -1,11 +1,10 @@
 // LayerNorm forward/backward against double references and finite differences.
-#include "kernels/layernorm.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/layernorm.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -50,7 +49,8 @@ struct Grads {
 
 /// Backward formula with the given per-row statistics.
 Grads ref_backward(const std::vector<double>& dy, const std::vector<double>& x, const std::vector<double>* w,
-                   const std::vector<double>& mean, const std::vector<double>& rstd, int64_t rows, int64_t cols) {
+                   const std::vector<double>& mean, const std::vector<double>& rstd, int64_t rows,
+                   int64_t cols) {
   Grads g{std::vector<double>(x.size()), std::vector<double>(cols, 0.0), std::vector<double>(cols, 0.0)};
   for (int64_t r = 0; r < rows; ++r) {
     double c1 = 0, c2 = 0;
@@ -81,8 +81,8 @@ TEST(LayerNormCpu, Forward) {
         for (auto& v : xs) v += 0.5;
         Buf x(dt, xs), w = rand_buf(dt, cols, seed++), b = rand_buf(dt, cols, seed++), y(dt, rows * cols);
         std::vector<float> mean(rows), rstd(rows);
-        cpu::layernorm_forward(dt, x.data(), affine ? w.data() : nullptr, affine ? b.data() : nullptr, y.data(),
-                               mean.data(), rstd.data(), rows, cols, eps);
+        cpu::layernorm_forward(dt, x.data(), affine ? w.data() : nullptr, affine ? b.data() : nullptr,
+                               y.data(), mean.data(), rstd.data(), rows, cols, eps);
         const std::vector<double> xv = x.vals(), wv = w.vals(), bv = b.vals();
         const auto ref = ref_forward(xv, affine ? &wv : nullptr, affine ? &bv : nullptr, rows, cols, eps);
         EXPECT_LT(rel_err(y.vals(), ref), tol(dt)) << name_of(dt) << " " << rows << "x" << cols;
@@ -106,8 +106,8 @@ TEST(LayerNormCpu, Backward) {
         for (int64_t j = 0; j < cols; ++j) dw.set(j, 123.0), db.set(j, -7.0);  // must be overwritten
         std::vector<float> mean(rows), rstd(rows);
         const void* wp = affine ? w.data() : nullptr;
-        cpu::layernorm_forward(dt, x.data(), wp, affine ? b.data() : nullptr, y.data(), mean.data(), rstd.data(),
-                               rows, cols, eps);
+        cpu::layernorm_forward(dt, x.data(), wp, affine ? b.data() : nullptr, y.data(), mean.data(),
+                               rstd.data(), rows, cols, eps);
         cpu::layernorm_backward(dt, dy.data(), x.data(), wp, mean.data(), rstd.data(), dx.data(),
                                 affine ? dw.data() : nullptr, affine ? db.data() : nullptr, rows, cols);
         const std::vector<double> xv = x.vals(), wv = w.vals(), dyv = dy.vals();
@@ -140,20 +140,24 @@ TEST(LayerNormCpu, F64BackwardMatchesFiniteDifferences) {
   // L = sum(dy * y(x, w, b)); compare dL/dx, dL/dw, dL/db by central differences.
   const int64_t rows = 3, cols = 17;
   const float eps = 1e-5f;
-  std::vector<double> x = randn(rows * cols, 11), w = randn(cols, 12), b = randn(cols, 13), dy = randn(rows * cols, 14);
+  std::vector<double> x = randn(rows * cols, 11), w = randn(cols, 12), b = randn(cols, 13),
+                      dy = randn(rows * cols, 14);
   for (auto& v : x) v += 100.0;  // a large mean: the F64 path must not lose it to float
-  auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww, const std::vector<double>& bb) {
+  auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww,
+                  const std::vector<double>& bb) {
     std::vector<double> y(rows * cols);
-    cpu::layernorm_forward(DType::F64, xx.data(), ww.data(), bb.data(), y.data(), nullptr, nullptr, rows, cols, eps);
+    cpu::layernorm_forward(DType::F64, xx.data(), ww.data(), bb.data(), y.data(), nullptr, nullptr, rows,
+                           cols, eps);
     double l = 0;
     for (int64_t i = 0; i < rows * cols; ++i) l += dy[i] * y[i];
     return l;
   };
   std::vector<double> y(rows * cols), dx(rows * cols), dw(cols), db(cols);
   std::vector<float> mean(rows), rstd(rows);
-  cpu::layernorm_forward(DType::F64, x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, cols, eps);
-  cpu::layernorm_backward(DType::F64, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(),
-                          db.data(), rows, cols);
+  cpu::layernorm_forward(DType::F64, x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows,
+                         cols, eps);
+  cpu::layernorm_backward(DType::F64, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(),
+                          dw.data(), db.data(), rows, cols);
   const double h = 1e-5;
   std::vector<double> ndx, ndw, ndb;
   for (int64_t i = 0; i < rows * cols; ++i) {
@@ -175,16 +179,24 @@ TEST(LayerNormCpu, F64BackwardMatchesFiniteDifferences) {
 TEST(LayerNormCpu, Errors) {
   std::vector<int32_t> buf(8);
   std::vector<float> s(2);
-  expect_error([&] {
-    cpu::layernorm_forward(DType::I32, buf.data(), nullptr, nullptr, buf.data(), s.data(), s.data(), 2, 4, 1e-5f);
-  }, "layernorm_forward: unsupported dtype i32");
-  expect_error([&] {
-    cpu::layernorm_backward(DType::F16, buf.data(), buf.data(), nullptr, s.data(), s.data(), buf.data(), nullptr,
-                            nullptr, 2, 4);
-  }, "layernorm_backward");
-  expect_error([&] {
-    cpu::layernorm_forward(DType::F32, buf.data(), nullptr, nullptr, buf.data(), s.data(), s.data(), 2, 0, 1e-5f);
-  }, "cols");
+  expect_error(
+      [&] {
+        cpu::layernorm_forward(DType::I32, buf.data(), nullptr, nullptr, buf.data(), s.data(), s.data(), 2, 4,
+                               1e-5f);
+      },
+      "layernorm_forward: unsupported dtype i32");
+  expect_error(
+      [&] {
+        cpu::layernorm_backward(DType::F16, buf.data(), buf.data(), nullptr, s.data(), s.data(), buf.data(),
+                                nullptr, nullptr, 2, 4);
+      },
+      "layernorm_backward");
+  expect_error(
+      [&] {
+        cpu::layernorm_forward(DType::F32, buf.data(), nullptr, nullptr, buf.data(), s.data(), s.data(), 2, 0,
+                               1e-5f);
+      },
+      "cols");
 }
 
 }  // namespace

@@ -1,13 +1,12 @@
 // Philox fills: known-answer Philox, determinism, offset semantics, dtype
 // handling, and the statistics of the uniform and normal transforms.
-#include "kernels/random.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "kernels/common/philox.h"
+#include "kernels/random.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -106,7 +105,7 @@ TEST(RandomCpu, UniformStatistics) {
     sq += x * x;
   }
   const double mean = sum / n, var = sq / n - mean * mean;
-  EXPECT_NEAR(mean, 1.0, 0.03);            // se = 8/sqrt(12 n) ~ 0.007
+  EXPECT_NEAR(mean, 1.0, 0.03);  // se = 8/sqrt(12 n) ~ 0.007
   EXPECT_NEAR(var, 64.0 / 12.0, 0.1);
 }
 
@@ -123,9 +122,9 @@ TEST(RandomCpu, NormalStatistics) {
     beyond2 += std::fabs(x) > 2.0f;
   }
   const double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
-  EXPECT_NEAR(mean, 0.0, 0.015);       // se ~ 0.003
-  EXPECT_NEAR(sd, 1.0, 0.015);         // se ~ 0.0022
-  EXPECT_NEAR(m4 / n, 3.0, 0.1);       // normal kurtosis
+  EXPECT_NEAR(mean, 0.0, 0.015);  // se ~ 0.003
+  EXPECT_NEAR(sd, 1.0, 0.015);    // se ~ 0.0022
+  EXPECT_NEAR(m4 / n, 3.0, 0.1);  // normal kurtosis
   EXPECT_NEAR(static_cast<double>(beyond2) / n, 0.0455, 0.004);
   const std::vector<float> s = normal(n, 2024, 123, 10.0f, 0.5f);
   double ss = 0;

@@ -1,12 +1,11 @@
 // reduce_dim (Sum, Mean, Max + argmax) over [outer, dim, inner] layouts.
-#include "kernels/reduce.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/reduce.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -17,7 +16,7 @@ namespace cpu = kernels::cpu;
 struct Shape {
   int64_t outer, dim, inner;
 };
-const Shape kShapes[] = {{1, 1, 1}, {1, 17, 1}, {3, 33, 1}, {2, 5, 3},  {4, 1, 7},
+const Shape kShapes[] = {{1, 1, 1},    {1, 17, 1}, {3, 33, 1},   {2, 5, 3}, {4, 1, 7},
                          {1, 1000, 1}, {5, 3, 17}, {2, 100, 33}, {17, 8, 1}};
 
 TEST(ReduceCpu, SumAndMean) {
@@ -38,8 +37,8 @@ TEST(ReduceCpu, SumAndMean) {
             for (int64_t d = 0; d < s.dim; ++d) acc += x[(o * s.dim + d) * s.inner + i];
             ref[o * s.inner + i] = op == ReduceOp::Mean ? acc / s.dim : acc;
           }
-        EXPECT_LT(rel_err(out.vals(), ref), tol(dt))
-            << name_of(dt) << " [" << s.outer << "," << s.dim << "," << s.inner << "] op " << static_cast<int>(op);
+        EXPECT_LT(rel_err(out.vals(), ref), tol(dt)) << name_of(dt) << " [" << s.outer << "," << s.dim << ","
+                                                     << s.inner << "] op " << static_cast<int>(op);
       }
 }
 

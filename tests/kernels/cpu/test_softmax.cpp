@@ -1,11 +1,10 @@
 // Row softmax / log-softmax, forward and backward, against double references.
-#include "kernels/softmax.h"
-
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "kernels/softmax.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -80,7 +79,8 @@ TEST(SoftmaxCpu, Backward) {
           }
         }
         // BF16 y is rounded before the backward sees it: allow the same 1e-2.
-        EXPECT_LT(rel_err(dx.vals(), ref), tol(dt)) << name_of(dt) << " " << rows << "x" << cols << " log=" << log;
+        EXPECT_LT(rel_err(dx.vals(), ref), tol(dt))
+            << name_of(dt) << " " << rows << "x" << cols << " log=" << log;
       }
 }
 

@@ -1,8 +1,6 @@
 // CachingPool on the CPU, against a fake device: malloc-backed segments with a
 // configurable capacity, and events whose completion the test controls.
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +12,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "kernels/common/error.h"
 #include "runtime/alloc/caching_pool.h"
@@ -59,9 +59,7 @@ class FakeBacking : public BackingAllocator {
     EXPECT_NE(it, events.end()) << "event_done on a released event";
     return it == events.end() || it->second.done;
   }
-  void release_event(uint64_t ev) override {
-    EXPECT_EQ(events.erase(ev), 1u) << "release_event twice";
-  }
+  void release_event(uint64_t ev) override { EXPECT_EQ(events.erase(ev), 1u) << "release_event twice"; }
   void synchronize() override {
     ++syncs;
     complete_all();
@@ -149,7 +147,7 @@ TEST(CachingPool, SmallAndLargePoolsAreSeparate) {
   FakeBacking backing;
   CachingPool pool(backing);
   void* s = pool.allocate(4 * KiB, kS1);
-  pool.deallocate(s);  // the 2 MiB small segment is now entirely free
+  pool.deallocate(s);                       // the 2 MiB small segment is now entirely free
   void* l = pool.allocate(MiB + 512, kS1);  // large: must not come from the small segment
   EXPECT_EQ(backing.raw_allocs, 2);
   EXPECT_TRUE(as_bytes(l) < as_bytes(s) || as_bytes(l) >= as_bytes(s) + 2 * MiB);
@@ -211,7 +209,7 @@ TEST(CachingPool, FreeNeighboursCoalesce) {
   void* d = pool.allocate(512 * KiB, kS1);  // the 2 MiB segment is full
   EXPECT_EQ(backing.raw_allocs, 1);
   pool.deallocate(b);
-  pool.deallocate(a);  // merges with b
+  pool.deallocate(a);                 // merges with b
   void* e = pool.allocate(MiB, kS1);  // fits only in the merged a+b
   EXPECT_EQ(e, a);
   EXPECT_EQ(backing.raw_allocs, 1);
@@ -259,7 +257,7 @@ TEST(CachingPool, RecordStreamDefersReuseUntilEventsComplete) {
   EXPECT_NE(q, p);  // p is still in use by S2 and S3
   backing.complete_stream(kS2);
   void* r = pool.allocate(1000, kS1);
-  EXPECT_NE(r, p);  // S3 still pending
+  EXPECT_NE(r, p);                       // S3 still pending
   EXPECT_EQ(backing.events.size(), 1u);  // S2's event was released
   backing.complete_stream(kS3);
   void* s = pool.allocate(1000, kS1);
@@ -332,8 +330,8 @@ TEST(CachingPool, OomThatStillFailsThrowsAClearError) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("out of memory on fake:0"), std::string::npos) << msg;
     EXPECT_NE(msg.find(std::to_string(request)), std::string::npos) << msg;  // requested size
-    EXPECT_NE(msg.find("12.00 MiB"), std::string::npos) << msg;             // allocated / reserved
-    EXPECT_NE(msg.find("22.00 MiB"), std::string::npos) << msg;             // capacity
+    EXPECT_NE(msg.find("12.00 MiB"), std::string::npos) << msg;              // allocated / reserved
+    EXPECT_NE(msg.find("22.00 MiB"), std::string::npos) << msg;              // capacity
     EXPECT_NE(msg.find("batch size"), std::string::npos) << msg;
     EXPECT_NE(msg.find("activation checkpointing"), std::string::npos) << msg;
   }
@@ -341,7 +339,7 @@ TEST(CachingPool, OomThatStillFailsThrowsAClearError) {
   EXPECT_EQ(pool.stats().allocated, 12 * MiB);
   // The pool is still usable.
   pool.deallocate(a);
-  void* b = pool.allocate(request, kS1);  // flushes a's 12 MiB segment, takes a 14 MiB one
+  void* b = pool.allocate(request, kS1);          // flushes a's 12 MiB segment, takes a 14 MiB one
   EXPECT_EQ(pool.block_size(b), 12 * MiB + 512);  // 2 MiB - 512 B left over: split off
   EXPECT_EQ(pool.stats().num_oom_retries, 2u);
   pool.deallocate(b);
@@ -351,8 +349,8 @@ TEST(CachingPool, OomThatStillFailsThrowsAClearError) {
 TEST(CachingPool, EmptyCacheReleasesOnlyEntirelyFreeSegments) {
   FakeBacking backing;
   CachingPool pool(backing);
-  void* a = pool.allocate(1000, kS1);     // small segment, stays live
-  void* a2 = pool.allocate(1000, kS1);    // same segment
+  void* a = pool.allocate(1000, kS1);      // small segment, stays live
+  void* a2 = pool.allocate(1000, kS1);     // same segment
   void* b = pool.allocate(12 * MiB, kS1);  // large segment, freed
   void* c = pool.allocate(1000, kS2);      // small segment of S2, freed
   void* d = pool.allocate(2 * MiB, kS1);   // 20 MiB segment, pending on an event
@@ -379,8 +377,8 @@ TEST(CachingPool, EmptyCacheReleasesOnlyEntirelyFreeSegments) {
 TEST(CachingPool, Statistics) {
   FakeBacking backing;
   CachingPool pool(backing);
-  void* a = pool.allocate(1000, kS1);        // 1024 B block, 2 MiB segment
-  void* b = pool.allocate(12 * MiB, kS1);    // 12 MiB segment
+  void* a = pool.allocate(1000, kS1);      // 1024 B block, 2 MiB segment
+  void* b = pool.allocate(12 * MiB, kS1);  // 12 MiB segment
   auto st = pool.stats();
   EXPECT_EQ(st.allocated, 1024 + 12 * MiB);
   EXPECT_EQ(st.reserved, 14 * MiB);
@@ -429,9 +427,9 @@ TEST(CachingPool, DestructorReturnsAllSegments) {
     CachingPool pool(backing);
     void* p = pool.allocate(100, kS1);
     pool.record_stream(p, kS2);
-    pool.deallocate(p);                         // pending
+    pool.deallocate(p);                             // pending
     pool.deallocate(pool.allocate(30 * MiB, kS2));  // cached
-    (void)pool.allocate(5 * MiB, kS3);            // still live at destruction
+    (void)pool.allocate(5 * MiB, kS3);              // still live at destruction
   }
   EXPECT_TRUE(backing.live.empty());
   EXPECT_TRUE(backing.events.empty());
@@ -474,7 +472,7 @@ TEST(CachingPool, ConcurrentThreads) {
 
 struct Live {
   uintptr_t addr;
-  size_t rounded;   // round_size of the request
+  size_t rounded;  // round_size of the request
   uintptr_t stream;
   std::vector<uintptr_t> uses;  // record_stream'd streams
   unsigned char tag;
@@ -533,7 +531,8 @@ class Stress {
 
   size_t random_size() {
     const int kind = static_cast<int>(rng_() % 100);
-    if (kind < 70) return static_cast<size_t>(std::exp2(std::uniform_real_distribution<double>(0, 20)(rng_)));  // <= 1 MiB
+    if (kind < 70)
+      return static_cast<size_t>(std::exp2(std::uniform_real_distribution<double>(0, 20)(rng_)));  // <= 1 MiB
     if (kind < 95) return MiB + rng_() % (15 * MiB);
     return 16 * MiB + rng_() % (24 * MiB);
   }
@@ -550,7 +549,11 @@ class Stress {
       ++ooms_;  // a genuine out-of-memory at the fake's capacity
       return;
     }
-    Live l{reinterpret_cast<uintptr_t>(p), CachingPool::round_size(n), s, {}, static_cast<unsigned char>(rng_())};
+    Live l{reinterpret_cast<uintptr_t>(p),
+           CachingPool::round_size(n),
+           s,
+           {},
+           static_cast<unsigned char>(rng_())};
     // A new block must not overlap memory that other streams may still be using.
     for (auto& f : inflight_) {
       bool pending = false;
@@ -562,7 +565,8 @@ class Stress {
       }
     }
     std::memset(p, l.tag, std::min<size_t>(l.rounded, 256));
-    std::memset(as_bytes(p) + l.rounded - std::min<size_t>(l.rounded, 256), l.tag, std::min<size_t>(l.rounded, 256));
+    std::memset(as_bytes(p) + l.rounded - std::min<size_t>(l.rounded, 256), l.tag,
+                std::min<size_t>(l.rounded, 256));
     live_.push_back(std::move(l));
   }
 

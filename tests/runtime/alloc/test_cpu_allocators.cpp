@@ -1,13 +1,13 @@
 // cpu_allocator(), allocator_for() and the pinned allocator's host-memory
 // fallback (the mode it runs in on machines without a GPU).
 
-#include <gtest/gtest.h>
-
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "kernels/common/error.h"
 #include "runtime/alloc/allocator.h"

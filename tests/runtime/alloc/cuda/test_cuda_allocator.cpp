@@ -1,11 +1,11 @@
 // The CUDA caching allocator and the page-locked pinned allocator on a real
 // device. Every test skips when no CUDA device is visible.
 
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
-
 #include <string>
 #include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include "kernels/common/error.h"
 #include "runtime/alloc/allocator.h"
@@ -159,7 +159,7 @@ TEST(CudaAllocator, OomErrorIsClear) {
     EXPECT_NE(msg.find("in total"), std::string::npos) << msg;  // the device's capacity
     EXPECT_NE(msg.find("batch size"), std::string::npos) << msg;
   }
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // no sticky error left behind
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);    // no sticky error left behind
   void* p = cuda_allocator(0).allocate(MiB, s);  // still usable
   cuda_allocator(0).deallocate(p);
 }
@@ -173,7 +173,7 @@ TEST(CudaAllocator, CpuStreamMeansTheCurrentStream) {
   cuda_allocator(0).deallocate(q);
 }
 
-TEST(PinnedAllocator, IsPageLockedHostMemory) {
+TEST(CudaPinnedAllocator, IsPageLockedHostMemory) {
   SKIP_WITHOUT_GPU();
   void* p = pinned_allocator().allocate(MiB, Stream());
   cudaPointerAttributes attr{};
@@ -182,7 +182,7 @@ TEST(PinnedAllocator, IsPageLockedHostMemory) {
   pinned_allocator().deallocate(p);
 }
 
-TEST(PinnedAllocator, ReuseWaitsForAsyncCopies) {
+TEST(CudaPinnedAllocator, ReuseWaitsForAsyncCopies) {
   SKIP_WITHOUT_GPU();
   pinned_empty_cache();
   Allocator& pa = pinned_allocator();

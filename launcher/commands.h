@@ -1,0 +1,12 @@
+// Entry points of the blutrain subcommands. Each takes the arguments after
+// `blutrain` (argv[0] is the command name) and returns the exit status; user
+// errors are thrown as bt::Error and printed by main().
+#pragma once
+
+namespace bt::launcher {
+
+const char* version();
+int run_demo(int argc, char** argv);
+int run_info(int argc, char** argv);
+
+}  // namespace bt::launcher

@@ -1,0 +1,183 @@
+// The runtime on CUDA against the runtime on CPU: every op's forward and
+// backward through the public API (dispatch, views, autograd), in f32 and
+// bf16, plus seeded-RNG identity and host<->device copies on streams.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+
+#include "runtime/bt.h"
+
+namespace bt {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+double rel(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double n = 0, d = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
+    n += (x[i] - y[i]) * (x[i] - y[i]);
+    d += y[i] * y[i];
+  }
+  return d == 0 ? std::sqrt(n) : std::sqrt(n / d);
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+/// Runs f on CPU (f32 reference, computed from the same rounded inputs) and on
+/// CUDA in dtype dt; compares outputs and the gradients of sum(out * w).
+void compare(const char* name, const Fn& f, const std::vector<Shape>& shapes, DType dt, double tol,
+             std::vector<Tensor> extra = {}) {
+  SCOPED_TRACE(std::string(name) + " " + std::string(dtype_name(dt)));
+  static std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = rng();
+  Generator g(seed);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const Shape& s : shapes) {
+    Tensor base = randn(s, {}, &g).to(dt).to(DType::F32);  // identical values on both sides
+    cpu_in.push_back(base.clone().requires_grad_());
+    gpu_in.push_back(base.to(Device::cuda(0)).to(dt).detach().requires_grad_());
+  }
+  for (const Tensor& e : extra) {
+    cpu_in.push_back(e);
+    gpu_in.push_back(e.to(Device::cuda(0)));
+  }
+  Tensor yc = f(cpu_in), yg = f(gpu_in);
+  ASSERT_EQ(yg.device(), Device::cuda(0));
+  EXPECT_LT(rel(yg, yc), tol) << "forward, seed " << seed;
+  Tensor w = uniform(yc.shape(), 0.5, 1.5, {}, &g);
+  sum(mul(yc, w)).backward();
+  sum(mul(yg, w.to(Device::cuda(0)).to(yg.dtype()))).backward();
+  for (size_t i = 0; i < shapes.size(); ++i)
+    EXPECT_LT(rel(gpu_in[i].grad(), cpu_in[i].grad()), tol) << "grad of input " << i << ", seed " << seed;
+}
+
+class OpsGpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OpsGpu, Elementwise) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
+  compare("add", [](auto& v) { return add(v[0], v[1]); }, {{33, 7}, {7}}, dt, tol);
+  compare("mul", [](auto& v) { return mul(v[0], v[1]); }, {{5, 1, 9}, {3, 1}}, dt, tol);
+  compare("sub", [](auto& v) { return sub(v[0], v[1]); }, {{129}, {129}}, dt, tol);
+  compare("div", [](auto& v) { return div(v[0], add(mul(v[1], v[1]), 1.0)); }, {{17, 3}, {17, 3}}, dt, tol);
+  compare("exp/tanh/neg", [](auto& v) { return neg(tanh(exp(v[0]))); }, {{1000}}, dt, tol);
+  compare("log/pow", [](auto& v) { return pow(log(add(mul(v[0], v[0]), 1.0)), 2.0); }, {{257}}, dt, tol);
+}
+
+TEST_P(OpsGpu, Reductions) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
+  compare("sum", [](auto& v) { return sum(v[0], {1}); }, {{7, 1023, 3}}, dt, tol);
+  compare("mean", [](auto& v) { return mean(v[0], {0, 2}, true); }, {{9, 5, 33}}, dt, tol);
+  compare("max", [](auto& v) { return max(v[0], -1); }, {{31, 257}}, dt, tol);
+  compare("softmax", [](auto& v) { return softmax(v[0]); }, {{13, 1000}}, dt, tol);
+  compare("log_softmax", [](auto& v) { return log_softmax(v[0], 0); }, {{65, 7}}, dt, tol);
+}
+
+TEST_P(OpsGpu, MatmulAndLinear) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
+  compare("matmul", [](auto& v) { return matmul(v[0], v[1]); }, {{67, 33}, {33, 129}}, dt, tol);
+  compare("bmm", [](auto& v) { return matmul(v[0], v[1].transpose(1, 2)); }, {{3, 17, 64}, {3, 31, 64}}, dt, tol);
+  compare("linear", [](auto& v) { return linear(v[0], v[1], v[2]); }, {{2, 9, 48}, {80, 48}, {80}}, dt, tol);
+  compare("linear+gelu", [](auto& v) { return linear(v[0], v[1], v[2], Activation::Gelu); }, {{37, 64}, {96, 64}, {96}},
+          dt, tol);
+}
+
+TEST_P(OpsGpu, TransformerOps) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
+  compare("gelu", [](auto& v) { return gelu(v[0]); }, {{4097}}, dt, tol);
+  compare("layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {{67, 768}, {768}, {768}}, dt, tol);
+  compare("attention", [](auto& v) { return causal_attention(v[0], v[1], v[2]); },
+          {{2, 3, 65, 64}, {2, 3, 65, 64}, {2, 3, 65, 64}}, dt, dt == DType::F32 ? 1e-4 : 2e-2);
+  Tensor idx = from_vector<int32_t>({3, 0, 3, 9, 3, 1, 0}, {7});
+  compare("embedding", [](auto& v) { return embedding(v[0], v[1]); }, {{10, 48}}, dt, tol, {idx});
+  Tensor tg = from_vector<int32_t>({5, 0, -1, 99, 42}, {5});
+  compare("cross_entropy", [](auto& v) { return cross_entropy(v[0], v[1], 100); }, {{5, 128}}, dt, tol, {tg});
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, OpsGpu, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(RuntimeGpu, SeededRandomIdenticalOnCpuAndGpu) {
+  REQUIRE_GPU();
+  for (int64_t n : {1, 3, 1000, 65537}) {
+    Generator gc(99), gg(99);
+    gc.advance(7);
+    gg.advance(7);
+    Tensor a = randn({n}, {}, &gc), b = randn({n}, TensorOptions{DType::F32, Device::cuda(0)}, &gg);
+    EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>()) << n;
+    Tensor u = rand({n}, {}, &gc), v = rand({n}, TensorOptions{DType::F32, Device::cuda(0)}, &gg);
+    EXPECT_EQ(u.to_vector<float>(), v.to_vector<float>()) << n;
+  }
+}
+
+TEST(RuntimeGpu, CopiesOnStreams) {
+  REQUIRE_GPU();
+  Generator g(5);
+  Tensor host = randn({1 << 20}, {}, &g);
+  Stream s = Stream::create(Device::cuda(0));
+  Tensor back;
+  {
+    StreamGuard guard(s);
+    Tensor pinned = host.pin_memory();
+    Tensor dev = pinned.to(Device::cuda(0), /*non_blocking=*/true);
+    EXPECT_EQ(dev.stream(), s);
+    Tensor twice = mul(dev, 2.0);
+    back = twice.to(Device::cpu(), /*non_blocking=*/true);
+    EXPECT_TRUE(back.is_pinned());
+    s.synchronize();
+  }
+  const auto h = host.to_vector<float>(), b = back.to_vector<float>();
+  for (size_t i = 0; i < h.size(); i += 4097) EXPECT_EQ(b[i], 2 * h[i]);
+  // Strided view to device and back.
+  Tensor t = arange(12).reshape({3, 4}).t();
+  EXPECT_EQ(t.to(Device::cuda(0)).cpu().to_vector<float>(), t.contiguous().to_vector<float>());
+}
+
+TEST(RuntimeGpu, OutOfRangeEmbeddingIndexOnDevice) {
+  REQUIRE_GPU();
+  Tensor table = zeros({4, 8}, TensorOptions{DType::F32, Device::cuda(0)});
+  Tensor idx = from_vector<int32_t>({1, 2, 7}, {3}).to(Device::cuda(0));
+  try {
+    embedding(table, idx);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("index 7 at position 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RuntimeGpu, TrainingStepReducesLossOnGpu) {
+  REQUIRE_GPU();
+  Generator g(1);
+  const Device d = Device::cuda(0);
+  Tensor w = normal({64, 32}, 0, 0.02, TensorOptions{DType::F32, d}, &g).requires_grad_();
+  Tensor x = randn({128, 32}, TensorOptions{DType::F32, d}, &g);
+  Tensor tg = from_vector<int32_t>(std::vector<int32_t>(128, 3), {128}).to(d);
+  AdamWOptions o;
+  o.lr = 1e-2;
+  AdamW opt({w}, o);
+  float first = 0, last = 0;
+  for (int i = 0; i < 50; ++i) {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(linear(x, w), tg);
+    if (i == 0) first = loss.item<float>();
+    last = loss.item<float>();
+    loss.backward();
+    opt.step();
+  }
+  EXPECT_LT(last, first * 0.1f);
+}
+
+}  // namespace
+}  // namespace bt
