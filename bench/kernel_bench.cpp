@@ -1,0 +1,276 @@
+// bt_kernel_bench: BluTrain CUDA kernels against their ceilings, in one run.
+//
+//   GEMM 4096^3 (bf16, strict f32, f32+tf32): cuda::gemm (cuBLASLt) vs
+//     cuda::cublas_reference_gemm (plain cuBLAS), TFLOP/s.
+//   Device-to-device copy (cudaMemcpyAsync) at 64 and 256 MiB: the bandwidth
+//     ceiling, counting bytes read + written.
+//   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
+//     of the copy bandwidth measured in the same run at the same size.
+//
+// Timing: CUDA events around each repetition, after warm-up; the median of
+// >= 20 repetitions; inputs are random (never zeros).
+//
+//   bt_kernel_bench [--quick] [--markdown PATH]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dtype.h"
+#include "kernels/gemm.h"
+#include "kernels/layernorm.h"
+#include "kernels/random.h"
+
+namespace {
+namespace cuda = bt::kernels::cuda;
+using bt::DType;
+
+struct Options {
+  bool quick = false;
+  std::string markdown;
+  std::string command_line;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      o.quick = true;
+    } else if (a == "--markdown" && i + 1 < argc) {
+      o.markdown = argv[++i];
+    } else if (a == "--help" || a == "-h") {
+      std::cout << "usage: bt_kernel_bench [--quick] [--markdown PATH]\n";
+      std::exit(0);
+    } else {
+      std::cerr << "bt_kernel_bench: unknown argument '" << a << "' (use --quick, --markdown PATH)\n";
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+/// Device buffer that frees itself.
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { BT_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+class Timer {
+ public:
+  Timer(int warmup, int reps) : warmup_(warmup), reps_(reps) {
+    BT_CUDA_CHECK(cudaEventCreate(&start_));
+    BT_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~Timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  /// Median milliseconds of one call of fn (queued on `stream`).
+  double median_ms(const std::function<void()>& fn, cudaStream_t stream) {
+    for (int i = 0; i < warmup_; ++i) fn();
+    BT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> t;
+    t.reserve(static_cast<size_t>(reps_));
+    for (int i = 0; i < reps_; ++i) {
+      BT_CUDA_CHECK(cudaEventRecord(start_, stream));
+      fn();
+      BT_CUDA_CHECK(cudaEventRecord(stop_, stream));
+      BT_CUDA_CHECK(cudaEventSynchronize(stop_));
+      float ms = 0.0f;
+      BT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    const size_t n = t.size();
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  }
+
+ private:
+  int warmup_, reps_;
+  cudaEvent_t start_{}, stop_{};
+};
+
+struct Row {
+  std::string kernel, size, unit;
+  double ours, ceiling;
+  std::string ceiling_name;
+};
+
+std::string fmt(double v, int prec) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(prec);
+  os << v;
+  return os.str();
+}
+
+std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+void fill_random(DType dt, void* p, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s) {
+  cuda::fill_uniform(dt, p, n, seed, 0, lo, hi, s);
+}
+
+// ---------------------------------------------------------------- GEMM
+void bench_gemm(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
+  const int64_t N = 4096;
+  const double flops = 2.0 * N * N * N;
+  struct Cfg {
+    DType dt;
+    bool tf32;
+    const char* name;
+  };
+  for (const Cfg& c : {Cfg{DType::BF16, false, "GEMM bf16"}, Cfg{DType::F32, false, "GEMM f32 (strict)"},
+                       Cfg{DType::F32, true, "GEMM f32 + tf32"}}) {
+    const size_t es = bt::dtype_size(c.dt);
+    Dev a(N * N * es), b(N * N * es), out(N * N * es);
+    fill_random(c.dt, a.p, N * N, 1, -1.0f, 1.0f, s);
+    fill_random(c.dt, b.p, N * N, 2, -1.0f, 1.0f, s);
+    bt::kernels::GemmArgs g;
+    g.dtype = c.dt;
+    g.m = g.n = g.k = N;
+    g.lda = g.ldb = g.ldc = N;
+    g.a = a.p, g.b = b.p, g.c = out.p;
+    g.allow_tf32 = c.tf32;
+    const double ours = timer.median_ms([&] { cuda::gemm(g, s); }, s);
+    const double ref = timer.median_ms([&] { cuda::cublas_reference_gemm(g, s); }, s);
+    rows.push_back({c.name, "4096x4096x4096", "TFLOP/s", flops / (ours * 1e-3) / 1e12, flops / (ref * 1e-3) / 1e12,
+                    "cuBLAS"});
+  }
+}
+
+// ---------------------------------------------------------------- bandwidth
+double copy_gbps(Timer& timer, cudaStream_t s, size_t bytes) {
+  Dev src(bytes), dst(bytes);
+  fill_random(DType::F32, src.p, static_cast<int64_t>(bytes / 4), 3, -1.0f, 1.0f, s);
+  const double ms = timer.median_ms(
+      [&] { BT_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, s)); }, s);
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+double layernorm_gbps(Timer& timer, cudaStream_t s, DType dt, size_t x_bytes, int64_t cols) {
+  const size_t es = bt::dtype_size(dt);
+  const int64_t rows = static_cast<int64_t>(x_bytes / es) / cols;
+  Dev x(x_bytes), y(x_bytes), w(cols * es), b(cols * es), mean(rows * 4), rstd(rows * 4);
+  fill_random(dt, x.p, rows * cols, 4, -2.0f, 2.0f, s);
+  fill_random(dt, w.p, cols, 5, 0.5f, 1.5f, s);
+  fill_random(dt, b.p, cols, 6, -0.5f, 0.5f, s);
+  const double ms = timer.median_ms(
+      [&] {
+        cuda::layernorm_forward(dt, x.p, w.p, b.p, y.p, mean.as<float>(), rstd.as<float>(), rows, cols, 1e-5f, s);
+      },
+      s);
+  const double bytes = 2.0 * static_cast<double>(rows * cols * es) + 2.0 * cols * es + 2.0 * rows * 4;
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+double adamw_gbps(Timer& timer, cudaStream_t s, size_t param_bytes) {
+  const int64_t n = static_cast<int64_t>(param_bytes / 4);
+  Dev p(param_bytes), g(param_bytes), m(param_bytes), v(param_bytes);
+  fill_random(DType::F32, p.p, n, 7, -1.0f, 1.0f, s);
+  fill_random(DType::F32, g.p, n, 8, -0.1f, 0.1f, s);
+  fill_random(DType::F32, m.p, n, 9, -0.01f, 0.01f, s);
+  fill_random(DType::F32, v.p, n, 10, 0.0f, 1e-4f, s);
+  bt::kernels::AdamWArgs a;
+  a.param = p.as<float>();
+  a.grad = g.p;
+  a.grad_dt = DType::F32;
+  a.m = m.as<float>();
+  a.v = v.as<float>();
+  a.n = n;
+  a.lr = 1e-4f, a.weight_decay = 0.1f, a.bias1 = 0.1f, a.bias2 = 0.001f;
+  const double ms = timer.median_ms([&] { cuda::adamw(a, s); }, s);
+  const double bytes = 7.0 * static_cast<double>(param_bytes);  // read p, g, m, v; write p, m, v
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+std::string table(const std::vector<Row>& rows) {
+  std::ostringstream os;
+  os << "| kernel | size | unit | BluTrain | ceiling | ceiling is | ratio |\n";
+  os << "| --- | --- | --- | ---: | ---: | --- | ---: |\n";
+  for (const Row& r : rows)
+    os << "| " << r.kernel << " | " << r.size << " | " << r.unit << " | " << fmt(r.ours, 1) << " | "
+       << fmt(r.ceiling, 1) << " | " << r.ceiling_name << " | " << fmt(r.ours / r.ceiling, 3) << " |\n";
+  return os.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parse(argc, argv);
+  try {
+    int dev = 0;
+    BT_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    BT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    int runtime = 0, driver = 0;
+    BT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    BT_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    std::ostringstream head;
+    head << "# bt_kernel_bench\n\n"
+         << "- command: `" << opt.command_line << "`\n"
+         << "- device: " << prop.name << " (sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount
+         << " SMs, " << (prop.totalGlobalMem >> 30) << " GiB)\n"
+         << "- CUDA runtime " << runtime / 1000 << "." << (runtime % 1000) / 10 << ", driver " << driver / 1000 << "."
+         << (driver % 1000) / 10 << "\n"
+         << "- timing: CUDA events, median of " << (opt.quick ? 20 : 50) << " reps after "
+         << (opt.quick ? 3 : 10) << " warm-up calls; random inputs\n\n";
+    std::cout << head.str() << std::flush;
+
+    cudaStream_t s = nullptr;
+    BT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    Timer timer(opt.quick ? 3 : 10, opt.quick ? 20 : 50);
+    std::vector<Row> rows;
+    bench_gemm(timer, s, rows);
+
+    std::vector<size_t> sizes = {size_t{64} << 20};
+    if (!opt.quick) sizes.push_back(size_t{256} << 20);
+    for (size_t bytes : sizes) {
+      const double copy = copy_gbps(timer, s, bytes);
+      rows.push_back({"D2D copy (read + write)", mib(bytes), "GB/s", copy, copy, "itself"});
+      for (int64_t cols : {768, 1024}) {
+        for (DType dt : {DType::F32, DType::BF16}) {
+          const double ln = layernorm_gbps(timer, s, dt, bytes, cols);
+          rows.push_back({std::string("LayerNorm fwd ") + std::string(bt::dtype_name(dt)) + ", cols " +
+                              std::to_string(cols),
+                          mib(bytes) + " x", "GB/s", ln, copy, "D2D copy"});
+        }
+      }
+      const double ad = adamw_gbps(timer, s, bytes);
+      rows.push_back({"AdamW (f32 grads)", mib(bytes) + " params", "GB/s", ad, copy, "D2D copy"});
+    }
+    BT_CUDA_CHECK(cudaStreamSynchronize(s));
+    BT_CUDA_CHECK(cudaStreamDestroy(s));
+
+    const std::string t = table(rows);
+    std::cout << t << std::flush;
+    if (!opt.markdown.empty()) {
+      std::ofstream f(opt.markdown);
+      if (!f) {
+        std::cerr << "bt_kernel_bench: cannot write " << opt.markdown << "\n";
+        return 1;
+      }
+      f << head.str() << t;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "bt_kernel_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,109 @@
+// GPU embedding forward/backward against the CPU kernels, the out-of-range
+// counter, and bitwise determinism of the backward with many repeated indices.
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/embedding.h"
+#include "tests/kernels/cuda/gpu_test_util.h"
+
+namespace bt::test::gpu {
+namespace {
+namespace cpu = kernels::cpu;
+namespace cuda = kernels::cuda;
+
+std::vector<int32_t> random_indices(int64_t n, int64_t num, std::mt19937& gen) {
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(num - 1));
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+TEST(CudaEmbedding, ForwardAndBackwardMatchCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (int64_t num : {1, 50, 1000}) {
+      for (int64_t dim : {1, 7, 64, 768}) {
+        for (int64_t n : {1, 100, 5000}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " num " << num << " dim " << dim << " n " << n);
+          const size_t es = dtype_size(dt);
+          const HostBuf table = randn_buf(dt, num * dim, gen);
+          const std::vector<int32_t> idx = random_indices(n, num, gen);
+          HostBuf out_ref(dt, n * dim);
+          cpu::embedding_forward(dt, table.data(), num, dim, idx.data(), n, out_ref.data());
+          DevBuf dtab(table), didx(upload_vector(idx)), dout(static_cast<size_t>(n * dim) * es);
+          dout.poison();
+          cuda::embedding_forward(dt, dtab.get(), num, dim, didx.as<int32_t>(), n, dout.get(), nullptr);
+          const HostBuf out = dout.to_host(dt, n * dim);
+          EXPECT_EQ(first_byte_mismatch(out.bytes, out_ref.bytes, es), -1) << "forward";
+
+          const HostBuf g = randn_buf(dt, n * dim, gen);
+          HostBuf dtab_ref(dt, num * dim);
+          cpu::embedding_backward(dt, g.data(), idx.data(), n, num, dim, dtab_ref.data());
+          DevBuf dg(g), ddtab(static_cast<size_t>(num * dim) * es);
+          DevBuf scratch(cuda::embedding_backward_scratch_floats(num, dim) * sizeof(float));
+          ddtab.poison();
+          scratch.poison();
+          cuda::embedding_backward(dt, dg.get(), didx.as<int32_t>(), n, num, dim, ddtab.get(), scratch.as<float>(),
+                                   nullptr);
+          BT_EXPECT_REL(ddtab.to_host(dt, num * dim).vals(), dtab_ref.vals(), tol(dt), "backward");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaEmbedding, BackwardIsBitwiseDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const int64_t num = 1000, dim = 768, n = 20000;
+    // Heavy repetition: most indices hit 3 rows.
+    std::vector<int32_t> idx = random_indices(n, 3, gen);
+    for (size_t i = 0; i < idx.size(); i += 7) idx[i] = static_cast<int32_t>(gen() % num);
+    const HostBuf g = randn_buf(dt, n * dim, gen);
+    DevBuf didx(upload_vector(idx)), dg(g);
+    DevBuf scratch(cuda::embedding_backward_scratch_floats(num, dim) * sizeof(float));
+    std::vector<unsigned char> first;
+    for (int run = 0; run < 3; ++run) {
+      DevBuf dtab(static_cast<size_t>(num * dim) * dtype_size(dt));
+      dtab.poison();
+      cuda::embedding_backward(dt, dg.get(), didx.as<int32_t>(), n, num, dim, dtab.get(), scratch.as<float>(),
+                               nullptr);
+      const HostBuf out = dtab.to_host(dt, num * dim);
+      if (run == 0)
+        first = out.bytes;
+      else
+        EXPECT_EQ(first_byte_mismatch(out.bytes, first, dtype_size(dt)), -1) << dtype_name(dt) << " run " << run;
+    }
+    // And equal to the CPU (same summation order: index order, in float).
+    HostBuf ref(dt, num * dim);
+    cpu::embedding_backward(dt, g.data(), idx.data(), n, num, dim, ref.data());
+    HostBuf firstbuf(dt, num * dim);
+    firstbuf.bytes = first;
+    BT_EXPECT_REL(firstbuf.vals(), ref.vals(), tol(dt), "backward vs cpu");
+  }
+}
+
+TEST(CudaEmbedding, CountOutOfRange) {
+  BT_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> idx = {0, 5, -1, 9, 10, 3, 1000, -7, 2};
+  DevBuf didx(upload_vector(idx)), count(sizeof(int));
+  count.poison();
+  cuda::count_out_of_range(didx.as<int32_t>(), static_cast<int64_t>(idx.size()), 10, count.as<int>(), nullptr);
+  EXPECT_EQ(count.to_vector<int>(1)[0], 4);
+  // Many indices, across blocks.
+  std::vector<int32_t> big(100003, 1);
+  for (size_t i = 0; i < big.size(); i += 1000) big[i] = 77;
+  DevBuf dbig(upload_vector(big));
+  cuda::count_out_of_range(dbig.as<int32_t>(), static_cast<int64_t>(big.size()), 50, count.as<int>(), nullptr);
+  EXPECT_EQ(count.to_vector<int>(1)[0], 101);
+}
+
+}  // namespace
+}  // namespace bt::test::gpu

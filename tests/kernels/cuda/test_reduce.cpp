@@ -1,0 +1,89 @@
+// GPU reduce_dim (sum, mean, max + argmax) against the CPU kernel.
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/reduce.h"
+#include "tests/kernels/cuda/gpu_test_util.h"
+
+namespace bt::test::gpu {
+namespace {
+namespace cpu = kernels::cpu;
+namespace cuda = kernels::cuda;
+using kernels::ReduceOp;
+
+struct Shape {
+  int64_t outer, dim, inner;
+};
+
+TEST(CudaReduce, MatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const Shape shapes[] = {{1, 1, 1},   {7, 31, 1},   {3, 1000, 1}, {2, 3000, 1}, {129, 768, 1},
+                          {5, 17, 3},  {4, 129, 33}, {1, 7, 1000}, {2, 1, 5},    {3, 2049, 40}};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+      for (const Shape& s : shapes) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " op " << static_cast<int>(op) << " [" << s.outer
+                                          << ", " << s.dim << ", " << s.inner << "]");
+        const int64_t n_in = s.outer * s.dim * s.inner, n_out = s.outer * s.inner;
+        // Sums of uniform(0.5, 1.5) stay away from zero, so the relative error is meaningful.
+        const HostBuf in = random_buf(dt, n_in, gen, op == ReduceOp::Max ? -1.0 : 0.5, 1.5);
+        HostBuf ref(dt, n_out);
+        std::vector<int64_t> ref_arg(static_cast<size_t>(n_out), -7);
+        cpu::reduce_dim(op, dt, in.data(), ref.data(), s.outer, s.dim, s.inner,
+                        op == ReduceOp::Max ? ref_arg.data() : nullptr);
+        DevBuf din(in), dout(ref.size_bytes()), darg(static_cast<size_t>(n_out) * sizeof(int64_t));
+        dout.poison();
+        darg.poison();
+        cuda::reduce_dim(op, dt, din.get(), dout.get(), s.outer, s.dim, s.inner,
+                         op == ReduceOp::Max ? darg.as<int64_t>() : nullptr, nullptr);
+        BT_EXPECT_REL(dout.to_host(dt, n_out).vals(), ref.vals(), op == ReduceOp::Max ? 0.0 + 1e-12 : tol(dt),
+                      "reduce");
+        if (op == ReduceOp::Max) EXPECT_EQ(darg.to_vector<int64_t>(static_cast<size_t>(n_out)), ref_arg);
+      }
+    }
+  }
+}
+
+TEST(CudaReduce, MaxPropagatesNanAndTiesTakeFirstIndex) {
+  BT_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (int64_t dim : {5, 100, 5000}) {
+      for (int64_t inner : {1, 3}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " dim " << dim << " inner " << inner);
+        // Row 0: all equal (ties) -> index 0. Row 1: NaN at dim/2 and at dim-1 -> first NaN.
+        const int64_t outer = 2;
+        std::vector<double> v(static_cast<size_t>(outer * dim * inner), 1.0);
+        for (int64_t i = 0; i < inner; ++i) {
+          v[static_cast<size_t>((1 * dim + dim / 2) * inner + i)] = std::numeric_limits<double>::quiet_NaN();
+          v[static_cast<size_t>((1 * dim + dim - 1) * inner + i)] = std::numeric_limits<double>::quiet_NaN();
+        }
+        const HostBuf in(dt, v);
+        DevBuf din(in), dout(static_cast<size_t>(outer * inner) * dtype_size(dt)),
+            darg(static_cast<size_t>(outer * inner) * sizeof(int64_t));
+        cuda::reduce_dim(ReduceOp::Max, dt, din.get(), dout.get(), outer, dim, inner, darg.as<int64_t>(), nullptr);
+        const HostBuf out = dout.to_host(dt, outer * inner);
+        const auto arg = darg.to_vector<int64_t>(static_cast<size_t>(outer * inner));
+        for (int64_t i = 0; i < inner; ++i) {
+          EXPECT_EQ(out.get(i), 1.0);
+          EXPECT_EQ(arg[static_cast<size_t>(i)], 0);
+          EXPECT_TRUE(std::isnan(out.get(inner + i)));
+          EXPECT_EQ(arg[static_cast<size_t>(inner + i)], dim / 2);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaReduce, MaxOverEmptyDimThrows) {
+  BT_SKIP_WITHOUT_GPU();
+  DevBuf d(64);
+  EXPECT_THROW(cuda::reduce_dim(ReduceOp::Max, DType::F32, d.get(), d.get(), 2, 0, 1, nullptr, nullptr), bt::Error);
+}
+
+}  // namespace
+}  // namespace bt::test::gpu
