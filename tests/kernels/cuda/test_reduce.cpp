@@ -43,7 +43,9 @@ TEST(CudaReduce, MatchesCpu) {
                          op == ReduceOp::Max ? darg.as<int64_t>() : nullptr, nullptr);
         BT_EXPECT_REL(dout.to_host(dt, n_out).vals(), ref.vals(), op == ReduceOp::Max ? 0.0 + 1e-12 : tol(dt),
                       "reduce");
-        if (op == ReduceOp::Max) EXPECT_EQ(darg.to_vector<int64_t>(static_cast<size_t>(n_out)), ref_arg);
+        if (op == ReduceOp::Max) {
+          EXPECT_EQ(darg.to_vector<int64_t>(static_cast<size_t>(n_out)), ref_arg);
+        }
       }
     }
   }
