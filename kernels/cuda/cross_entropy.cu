@@ -6,41 +6,13 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/online_softmax.cuh"
 
 namespace bt::kernels::cuda {
 namespace {
 using namespace detail;
 
 constexpr int kThreads = 512;
-
-struct MaxSum {
-  float m, s;
-};
-
-__device__ __forceinline__ void online_add(MaxSum& st, float v) {
-  if (v > st.m) {
-    st.s = st.s * expf(st.m - v) + 1.0f;
-    st.m = v;
-  } else if (v != -INFINITY) {
-    st.s += expf(v - st.m);  // NaN v propagates through here
-  }
-}
-
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return MaxSum{m, 0.0f};
-  // NaN in either sum propagates; fmaxf ignores a NaN max, the sums keep it.
-  return MaxSum{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-
-__device__ __forceinline__ MaxSum warp_combine(MaxSum v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    MaxSum t{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-    v = combine(v, t);
-  }
-  return v;
-}
 
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) ce_fwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,

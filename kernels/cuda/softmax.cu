@@ -4,30 +4,12 @@
 #include <climits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/online_softmax.cuh"
 #include "kernels/softmax.h"
 
 namespace bt::kernels::cuda {
 namespace {
 using namespace detail;
-
-struct MaxSum {
-  float m, s;
-};
-
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return MaxSum{m, 0.0f};
-  return MaxSum{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-
-__device__ __forceinline__ MaxSum warp_combine(MaxSum v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    MaxSum t{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-    v = combine(v, t);
-  }
-  return v;
-}
 
 /// Combines across the block; all threads get the result.
 __device__ __forceinline__ MaxSum block_combine(MaxSum v, float* sm, float* ss) {
