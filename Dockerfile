@@ -6,8 +6,9 @@
 #   docker run --rm --gpus all blutrain --help
 #   docker build --build-arg CUDA_TAG=13.0.0 --build-arg BT_CUDA_ARCHITECTURES="80;90" -t blutrain .
 #
-# The image is built without MLIR (BT_SKIP_MLIR=1): the compiler's fusion backend
-# is the no-op one, so the runtime stage needs no LLVM/MLIR libraries.
+# The image is built without MLIR (BT_SKIP_MLIR=1): nothing in `blutrain` uses
+# it yet (the compiler is a later milestone), so the runtime stage needs no
+# LLVM/MLIR libraries.
 
 ARG CUDA_TAG=13.0.0
 

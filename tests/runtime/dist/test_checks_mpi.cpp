@@ -10,7 +10,9 @@ namespace {
 TEST(DistChecks, MpiErrorBecomesBtError) {
   int inited = 0;
   MPI_Initialized(&inited);
-  if (!inited) ASSERT_EQ(MPI_Init(nullptr, nullptr), MPI_SUCCESS);
+  if (!inited) {
+    ASSERT_EQ(MPI_Init(nullptr, nullptr), MPI_SUCCESS);
+  }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int size = 0;
   BT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
@@ -22,7 +24,7 @@ TEST(DistChecks, MpiErrorBecomesBtError) {
     const std::string m = e.what();
     EXPECT_NE(m.find("MPI error"), std::string::npos) << m;
     EXPECT_NE(m.find("MPI_Send"), std::string::npos) << m;
-    EXPECT_NE(m.find("test_checks.cpp:"), std::string::npos) << m;
+    EXPECT_NE(m.find("test_checks_mpi.cpp:"), std::string::npos) << m;
   }
   MPI_Finalize();
 }
