@@ -11,8 +11,6 @@
 // >= 20 repetitions; inputs are random (never zeros).
 //
 //   bt_kernel_bench [--quick] [--markdown PATH]
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +21,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #include "kernels/adamw.h"
 #include "kernels/common/cuda_check.h"
@@ -69,7 +69,9 @@ struct Dev {
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   template <class T>
-  T* as() const { return static_cast<T*>(p); }
+  T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 
 class Timer {
@@ -150,8 +152,8 @@ void bench_gemm(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
     g.allow_tf32 = c.tf32;
     const double ours = timer.median_ms([&] { cuda::gemm(g, s); }, s);
     const double ref = timer.median_ms([&] { cuda::cublas_reference_gemm(g, s); }, s);
-    rows.push_back({c.name, "4096x4096x4096", "TFLOP/s", flops / (ours * 1e-3) / 1e12, flops / (ref * 1e-3) / 1e12,
-                    "cuBLAS"});
+    rows.push_back({c.name, "4096x4096x4096", "TFLOP/s", flops / (ours * 1e-3) / 1e12,
+                    flops / (ref * 1e-3) / 1e12, "cuBLAS"});
   }
 }
 
@@ -173,7 +175,8 @@ double layernorm_gbps(Timer& timer, cudaStream_t s, DType dt, size_t x_bytes, in
   fill_random(dt, b.p, cols, 6, -0.5f, 0.5f, s);
   const double ms = timer.median_ms(
       [&] {
-        cuda::layernorm_forward(dt, x.p, w.p, b.p, y.p, mean.as<float>(), rstd.as<float>(), rows, cols, 1e-5f, s);
+        cuda::layernorm_forward(dt, x.p, w.p, b.p, y.p, mean.as<float>(), rstd.as<float>(), rows, cols, 1e-5f,
+                                s);
       },
       s);
   const double bytes = 2.0 * static_cast<double>(rows * cols * es) + 2.0 * cols * es + 2.0 * rows * 4;
@@ -225,10 +228,10 @@ int main(int argc, char** argv) {
     std::ostringstream head;
     head << "# bt_kernel_bench\n\n"
          << "- command: `" << opt.command_line << "`\n"
-         << "- device: " << prop.name << " (sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount
-         << " SMs, " << (prop.totalGlobalMem >> 30) << " GiB)\n"
-         << "- CUDA runtime " << runtime / 1000 << "." << (runtime % 1000) / 10 << ", driver " << driver / 1000 << "."
-         << (driver % 1000) / 10 << "\n"
+         << "- device: " << prop.name << " (sm_" << prop.major << prop.minor << ", "
+         << prop.multiProcessorCount << " SMs, " << (prop.totalGlobalMem >> 30) << " GiB)\n"
+         << "- CUDA runtime " << runtime / 1000 << "." << (runtime % 1000) / 10 << ", driver "
+         << driver / 1000 << "." << (driver % 1000) / 10 << "\n"
          << "- timing: CUDA events, median of " << (opt.quick ? 20 : 50) << " reps after "
          << (opt.quick ? 3 : 10) << " warm-up calls; random inputs\n\n";
     std::cout << head.str() << std::flush;

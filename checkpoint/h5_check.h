@@ -13,9 +13,9 @@ void h5_silence_auto_errors();
 }  // namespace bt::detail
 
 /// Evaluates `call`; a negative result throws bt::Error. Yields the result.
-#define BT_H5_CHECK(call)                                                   \
-  ([&]() {                                                                  \
-    auto bt_h5_rc_ = (call);                                                \
-    if (bt_h5_rc_ < 0) ::bt::detail::h5_fail(#call, __FILE__, __LINE__);   \
-    return bt_h5_rc_;                                                       \
+#define BT_H5_CHECK(call)                                                \
+  ([&]() {                                                               \
+    auto bt_h5_rc_ = (call);                                             \
+    if (bt_h5_rc_ < 0) ::bt::detail::h5_fail(#call, __FILE__, __LINE__); \
+    return bt_h5_rc_;                                                    \
   }())

@@ -33,10 +33,14 @@ struct AttnForward {
   DType dt = DType::F32;
   AttnShape shape;
   float scale = 1.0f;
-  const void* q = nullptr; AttnStrides sq;
-  const void* k = nullptr; AttnStrides sk;
-  const void* v = nullptr; AttnStrides sv;
-  void* o = nullptr;       AttnStrides so;
+  const void* q = nullptr;
+  AttnStrides sq;
+  const void* k = nullptr;
+  AttnStrides sk;
+  const void* v = nullptr;
+  AttnStrides sv;
+  void* o = nullptr;
+  AttnStrides so;
   float* lse = nullptr;  // [B, H, T]
 };
 
@@ -44,15 +48,23 @@ struct AttnBackward {
   DType dt = DType::F32;
   AttnShape shape;
   float scale = 1.0f;
-  const void* q = nullptr;  AttnStrides sq;
-  const void* k = nullptr;  AttnStrides sk;
-  const void* v = nullptr;  AttnStrides sv;
-  const void* o = nullptr;  AttnStrides so;
-  const void* dout = nullptr; AttnStrides sdo;
+  const void* q = nullptr;
+  AttnStrides sq;
+  const void* k = nullptr;
+  AttnStrides sk;
+  const void* v = nullptr;
+  AttnStrides sv;
+  const void* o = nullptr;
+  AttnStrides so;
+  const void* dout = nullptr;
+  AttnStrides sdo;
   const float* lse = nullptr;
-  void* dq = nullptr; AttnStrides sdq;  // written, not accumulated
-  void* dk = nullptr; AttnStrides sdk;
-  void* dv = nullptr; AttnStrides sdv;
+  void* dq = nullptr;
+  AttnStrides sdq;  // written, not accumulated
+  void* dk = nullptr;
+  AttnStrides sdk;
+  void* dv = nullptr;
+  AttnStrides sdv;
 };
 
 namespace cpu {

@@ -33,8 +33,8 @@ void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const f
 namespace cuda {
 /// Out-of-range targets produce NaN loss for that row (checked by the runtime).
 void cross_entropy_forward(const CrossEntropyArgs& a, float* loss, float* lse, cudaStream_t stream);
-void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const float* dloss,
-                            void* dlogits, cudaStream_t stream);
+void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const float* dloss, void* dlogits,
+                            cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

@@ -14,22 +14,22 @@
 namespace bt::kernels {
 namespace cpu {
 /// Throws bt::Error naming the position of an index outside [0, num).
-void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx,
-                       int64_t n, void* out);
+void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx, int64_t n,
+                       void* out);
 /// dtable is zeroed and then accumulated into.
-void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
-                        int64_t dim, void* dtable);
+void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
+                        void* dtable);
 }  // namespace cpu
 #ifdef BT_CUDA
 namespace cuda {
 /// Counts indices outside [0, num) into *bad_count (a device int, zeroed first).
 void count_out_of_range(const int32_t* idx, int64_t n, int64_t num, int* bad_count, cudaStream_t stream);
-void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx,
-                       int64_t n, void* out, cudaStream_t stream);
+void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx, int64_t n,
+                       void* out, cudaStream_t stream);
 size_t embedding_backward_scratch_floats(int64_t num, int64_t dim);
 /// Deterministic: each output row is reduced in index order. dtable is overwritten.
-void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
-                        int64_t dim, void* dtable, float* scratch, cudaStream_t stream);
+void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
+                        void* dtable, float* scratch, cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

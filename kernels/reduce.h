@@ -17,13 +17,13 @@ enum class ReduceOp : uint8_t { Sum, Mean, Max };
 namespace cpu {
 /// For Max, `argmax` (nullable, [outer, inner]) receives the index along dim of
 /// the first maximum. NaN propagates for Max.
-void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim,
-                int64_t inner, int64_t* argmax);
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
+                int64_t* argmax);
 }  // namespace cpu
 #ifdef BT_CUDA
 namespace cuda {
-void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim,
-                int64_t inner, int64_t* argmax, cudaStream_t stream);
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
+                int64_t* argmax, cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

@@ -21,8 +21,8 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
 namespace cuda {
 void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log,
                      cudaStream_t stream);
-void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols,
-                      bool log, cudaStream_t stream);
+void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, bool log,
+                      cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

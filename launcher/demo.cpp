@@ -4,8 +4,6 @@
 // progress, evaluates on a held-out tail of the text and prints a sample.
 // It is the README's main job until the GPT-2 trainer (`blutrain train`)
 // lands; the model is a real pre-LN transformer, only small and byte-level.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +13,7 @@
 #include <sstream>
 
 #include <cxxopts.hpp>
+#include <unistd.h>
 
 #include "launcher/commands.h"
 #include "runtime/bt.h"
@@ -46,7 +45,8 @@ struct Model {
   }
   std::vector<Tensor> vectors() const {
     std::vector<Tensor> v = {lnf_w, lnf_b};
-    for (const Block& b : blocks) v.insert(v.end(), {b.ln1_w, b.ln1_b, b.qkv_b, b.proj_b, b.ln2_w, b.ln2_b, b.fc_b, b.out_b});
+    for (const Block& b : blocks)
+      v.insert(v.end(), {b.ln1_w, b.ln1_b, b.qkv_b, b.proj_b, b.ln2_w, b.ln2_b, b.fc_b, b.out_b});
     return v;
   }
 };
@@ -65,8 +65,9 @@ Model init_model(int vocab, const Config& c) {
   m.wte = w({vocab, C}, 0.02);
   m.wpe = w({c.seq, C}, 0.02);
   for (int l = 0; l < c.layers; ++l)
-    m.blocks.push_back(Block{one({C}), z({C}), w({3 * C, C}, 0.02), z({3 * C}), w({C, C}, proj_std), z({C}), one({C}),
-                             z({C}), w({4 * C, C}, 0.02), z({4 * C}), w({C, 4 * C}, proj_std), z({C})});
+    m.blocks.push_back(Block{one({C}), z({C}), w({3 * C, C}, 0.02), z({3 * C}), w({C, C}, proj_std), z({C}),
+                             one({C}), z({C}), w({4 * C, C}, 0.02), z({4 * C}), w({C, 4 * C}, proj_std),
+                             z({C})});
   m.lnf_w = one({C});
   m.lnf_b = z({C});
   return m;
@@ -95,7 +96,8 @@ struct Corpus {
 
 Corpus load_corpus(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  BT_CHECK(f, "demo: cannot open text file '", path, "'; fetch the default corpus with `scripts/fetch-data jargon` "
+  BT_CHECK(f, "demo: cannot open text file '", path,
+           "'; fetch the default corpus with `scripts/fetch-data jargon` "
            "or pass --data FILE");
   std::stringstream ss;
   ss << f.rdbuf();
@@ -118,7 +120,8 @@ Corpus load_corpus(const std::string& path) {
 }
 
 /// Random windows of T+1 tokens -> (inputs, targets), each i32 [B, T] on `d`.
-std::pair<Tensor, Tensor> batch(const std::vector<int32_t>& data, int B, int T, std::mt19937_64& rng, Device d) {
+std::pair<Tensor, Tensor> batch(const std::vector<int32_t>& data, int B, int T, std::mt19937_64& rng,
+                                Device d) {
   std::uniform_int_distribution<size_t> pick(0, data.size() - T - 2);
   std::vector<int32_t> x(B * T), y(B * T);
   for (int b = 0; b < B; ++b) {
@@ -175,16 +178,20 @@ std::string printable(const std::string& s) {
     const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
     bool ok = len > 0 && i + len <= s.size();
     for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
-    if (ok) out.append(s, i, len);
-    else out.push_back('?');
+    if (ok)
+      out.append(s, i, len);
+    else
+      out.push_back('?');
     i += ok ? len : 1;
   }
   return out;
 }
 
 Config parse(int argc, char** argv) {
-  cxxopts::Options opts("blutrain demo", "Train a small character-level GPT on a text file, then sample from it.");
-  opts.add_options()("data", "text file to train on", cxxopts::value<std::string>()->default_value("data/jargon/jargon.txt"))(
+  cxxopts::Options opts("blutrain demo",
+                        "Train a small character-level GPT on a text file, then sample from it.");
+  opts.add_options()("data", "text file to train on",
+                     cxxopts::value<std::string>()->default_value("data/jargon/jargon.txt"))(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
       "steps", "training steps", cxxopts::value<int>()->default_value("600"))(
       "batch", "sequences per step", cxxopts::value<int>()->default_value("16"))(
@@ -221,9 +228,11 @@ Config parse(int argc, char** argv) {
   c.eval_every = r["eval-every"].as<int>();
   c.sample_len = r["sample-len"].as<int>();
   c.seed = r["seed"].as<uint64_t>();
-  BT_CHECK(c.steps > 0 && c.batch > 0 && c.seq > 1 && c.layers > 0, "demo: --steps, --batch, --layers must be > 0 "
+  BT_CHECK(c.steps > 0 && c.batch > 0 && c.seq > 1 && c.layers > 0,
+           "demo: --steps, --batch, --layers must be > 0 "
            "and --seq > 1");
-  BT_CHECK(c.heads > 0 && c.dim % c.heads == 0, "demo: --dim (", c.dim, ") must be divisible by --heads (", c.heads, ")");
+  BT_CHECK(c.heads > 0 && c.dim % c.heads == 0, "demo: --dim (", c.dim, ") must be divisible by --heads (",
+           c.heads, ")");
   BT_CHECK(c.lr > 0, "demo: --lr must be > 0");
   BT_CHECK(c.eval_every > 0, "demo: --eval-every must be > 0");
   return c;
@@ -241,8 +250,8 @@ int run_demo(int argc, char** argv) {
   for (auto& t : model.vectors()) nparams += t.numel();
   std::printf("blutrain demo: %s, %zu train / %zu val characters, vocabulary %d\n", cfg.data.c_str(),
               corpus.train.size(), corpus.val.size(), vocab);
-  std::printf("model: %d layers, width %d, %d heads, context %d, %.2fM parameters, device %s\n", cfg.layers, cfg.dim,
-              cfg.heads, cfg.seq, nparams / 1e6, cfg.device.str().c_str());
+  std::printf("model: %d layers, width %d, %d heads, context %d, %.2fM parameters, device %s\n", cfg.layers,
+              cfg.dim, cfg.heads, cfg.seq, nparams / 1e6, cfg.device.str().c_str());
   std::printf("uniform-guess loss is ln(%d) = %.3f\n", vocab, std::log(static_cast<double>(vocab)));
   std::fflush(stdout);
 
@@ -257,8 +266,10 @@ int run_demo(int argc, char** argv) {
   double ema = 0;
   for (int step = 1; step <= cfg.steps; ++step) {
     // Linear warmup, then cosine decay to 10% of the peak.
-    const double lr = step <= warmup ? cfg.lr * step / warmup
-                                     : cfg.lr * (0.1 + 0.45 * (1 + std::cos(M_PI * (step - warmup) / (cfg.steps - warmup + 1e-9))));
+    const double lr =
+        step <= warmup
+            ? cfg.lr * step / warmup
+            : cfg.lr * (0.1 + 0.45 * (1 + std::cos(M_PI * (step - warmup) / (cfg.steps - warmup + 1e-9))));
     opt.set_lr(lr);
     auto [x, y] = batch(corpus.train, cfg.batch, cfg.seq, rng, cfg.device);
     opt.zero_grad();
@@ -273,17 +284,19 @@ int run_demo(int argc, char** argv) {
     const double eta = secs / step * (cfg.steps - step);
     const bool eval = step % cfg.eval_every == 0 || step == cfg.steps;
     if (tty) {
-      std::printf("\rstep %5d/%d  loss %.4f  lr %.2e  %.0f tok/s  eta %4.0fs   ", step, cfg.steps, ema, lr, tps, eta);
+      std::printf("\rstep %5d/%d  loss %.4f  lr %.2e  %.0f tok/s  eta %4.0fs   ", step, cfg.steps, ema, lr,
+                  tps, eta);
       if (eval) std::printf("\n");
     } else if (step % 20 == 0 || step == 1 || eval) {
-      std::printf("step %5d/%d  loss %.4f  lr %.2e  %.0f tok/s  eta %.0fs\n", step, cfg.steps, ema, lr, tps, eta);
+      std::printf("step %5d/%d  loss %.4f  lr %.2e  %.0f tok/s  eta %.0fs\n", step, cfg.steps, ema, lr, tps,
+                  eta);
     }
     if (eval) std::printf("step %5d  val loss %.4f\n", step, evaluate(model, corpus, cfg, 8));
     std::fflush(stdout);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("trained %d steps in %.1fs\n\n--- sample (temperature 0.8) ---\n%s\n--- end of sample ---\n", cfg.steps,
-              secs, printable(sample(model, corpus, cfg, "The ")).c_str());
+  std::printf("trained %d steps in %.1fs\n\n--- sample (temperature 0.8) ---\n%s\n--- end of sample ---\n",
+              cfg.steps, secs, printable(sample(model, corpus, cfg, "The ")).c_str());
   return 0;
 }
 

@@ -22,7 +22,8 @@ int run_info(int, char**) {
   for (int i = 0; i < cuda_device_count(); ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) == cudaSuccess)
-      std::printf("    cuda:%d %s, %.1f GiB, sm_%d%d\n", i, p.name, p.totalGlobalMem / 1073741824.0, p.major, p.minor);
+      std::printf("    cuda:%d %s, %.1f GiB, sm_%d%d\n", i, p.name, p.totalGlobalMem / 1073741824.0, p.major,
+                  p.minor);
   }
 #endif
   std::printf("  precision policy: %s\n", std::string(precision_name(precision())).c_str());

@@ -13,17 +13,16 @@ namespace bt::detail {
 [[noreturn]] void cublas_fail(cublasStatus_t s, const char* call, const char* file, int line);
 }  // namespace bt::detail
 
-#define BT_CUDA_CHECK(call)                                                        \
-  do {                                                                             \
-    cudaError_t bt_err_ = (call);                                                  \
+#define BT_CUDA_CHECK(call)                                                                  \
+  do {                                                                                       \
+    cudaError_t bt_err_ = (call);                                                            \
     if (bt_err_ != cudaSuccess) ::bt::detail::cuda_fail(bt_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
-#define BT_CUBLAS_CHECK(call)                                                         \
-  do {                                                                                \
-    cublasStatus_t bt_st_ = (call);                                                   \
-    if (bt_st_ != CUBLAS_STATUS_SUCCESS)                                              \
-      ::bt::detail::cublas_fail(bt_st_, #call, __FILE__, __LINE__);                   \
+#define BT_CUBLAS_CHECK(call)                                                                          \
+  do {                                                                                                 \
+    cublasStatus_t bt_st_ = (call);                                                                    \
+    if (bt_st_ != CUBLAS_STATUS_SUCCESS) ::bt::detail::cublas_fail(bt_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
 /// After a kernel launch: reports launch-configuration errors with file:line.

@@ -27,7 +27,7 @@ uint16_t float_to_f16_bits(float f) {
     // Subnormal half (or zero): value = m * 2^-24, round to nearest even.
     float a;
     std::memcpy(&a, &absx, 4);
-    const float scaled = a * 16777216.0f;  // 2^24, exact
+    const float scaled = a * 16777216.0f;    // 2^24, exact
     const float r = std::nearbyint(scaled);  // default rounding mode: nearest even
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(r));
   }

@@ -12,36 +12,48 @@ namespace bt {
 /// Element type of a tensor. F64 exists for CPU reference math (gradient checks).
 enum class DType : uint8_t { F32, F64, BF16, F16, I32, I64, U16, U8, Bool };
 
-inline constexpr DType kAllDTypes[] = {DType::F32, DType::F64, DType::BF16,
-                                       DType::F16, DType::I32, DType::I64,
-                                       DType::U16, DType::U8,  DType::Bool};
+inline constexpr DType kAllDTypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32,
+                                       DType::I64, DType::U16, DType::U8,   DType::Bool};
 
 inline constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::F64:
-    case DType::I64: return 8;
+    case DType::I64:
+      return 8;
     case DType::F32:
-    case DType::I32: return 4;
+    case DType::I32:
+      return 4;
     case DType::BF16:
     case DType::F16:
-    case DType::U16: return 2;
+    case DType::U16:
+      return 2;
     case DType::U8:
-    case DType::Bool: return 1;
+    case DType::Bool:
+      return 1;
   }
   return 0;
 }
 
 inline constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U16: return "u16";
-    case DType::U8: return "u8";
-    case DType::Bool: return "bool";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::U16:
+      return "u16";
+    case DType::U8:
+      return "u8";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }

@@ -34,11 +34,9 @@ std::string cat(Args&&... args) {
 
 namespace detail {
 [[noreturn]] inline void fail(const std::string& msg) { throw Error(msg); }
-[[noreturn]] inline void fail_internal(const char* file, int line, const char* cond,
-                                       const std::string& msg) {
-  throw InternalError(cat("internal error: ", cond, " failed at ", file, ":", line,
-                          msg.empty() ? "" : ": ", msg,
-                          " (this is a BluTrain bug; please report it)"));
+[[noreturn]] inline void fail_internal(const char* file, int line, const char* cond, const std::string& msg) {
+  throw InternalError(cat("internal error: ", cond, " failed at ", file, ":", line, msg.empty() ? "" : ": ",
+                          msg, " (this is a BluTrain bug; please report it)"));
 }
 }  // namespace detail
 }  // namespace bt
@@ -53,8 +51,7 @@ namespace detail {
 #define BT_FAIL(...) ::bt::detail::fail(::bt::cat(__VA_ARGS__))
 
 /// Internal invariant; failure is a BluTrain bug. Optional message arguments.
-#define BT_ASSERT(cond, ...)                                                      \
-  do {                                                                            \
-    if (!(cond))                                                                  \
-      ::bt::detail::fail_internal(__FILE__, __LINE__, #cond, ::bt::cat(__VA_ARGS__)); \
+#define BT_ASSERT(cond, ...)                                                                     \
+  do {                                                                                           \
+    if (!(cond)) ::bt::detail::fail_internal(__FILE__, __LINE__, #cond, ::bt::cat(__VA_ARGS__)); \
   } while (0)

@@ -41,7 +41,10 @@ BT_HD inline U32x4 philox4x32_10(uint64_t counter, uint64_t seed) {
     mulhilo(0xD2511F53u, c0, hi0, lo0);
     mulhilo(0xCD9E8D57u, c2, hi1, lo1);
     const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
@@ -129,7 +132,8 @@ BT_HD inline float uniform01(uint32_t u) { return static_cast<float>(u >> 8) * (
 BT_HD inline float uniform_at(uint64_t seed, uint64_t index, float lo, float hi) {
   const U32x4 r = philox4x32_10(index, seed);
   const double u = static_cast<double>(uniform01(r.v[0]));
-  return static_cast<float>(BT_DADD(static_cast<double>(lo), BT_DMUL(u, BT_DSUB(static_cast<double>(hi), static_cast<double>(lo)))));
+  return static_cast<float>(BT_DADD(static_cast<double>(lo),
+                                    BT_DMUL(u, BT_DSUB(static_cast<double>(hi), static_cast<double>(lo)))));
 }
 
 /// Element i of a normal fill (Box-Muller, cosine branch), rounded once to float.

@@ -30,13 +30,16 @@ void argmax_scatter(DType dt, const void* dy, const int64_t* argmax, void* dx, i
                     int64_t inner) {
   switch (dt) {
     case DType::F32:
-      return argmax_scatter_t(static_cast<const float*>(dy), argmax, static_cast<float*>(dx), outer, dim, inner);
-    case DType::F64:
-      return argmax_scatter_t(static_cast<const double*>(dy), argmax, static_cast<double*>(dx), outer, dim, inner);
-    case DType::BF16:
-      return argmax_scatter_t(static_cast<const uint16_t*>(dy), argmax, static_cast<uint16_t*>(dx), outer, dim,
+      return argmax_scatter_t(static_cast<const float*>(dy), argmax, static_cast<float*>(dx), outer, dim,
                               inner);
-    default: BT_FAIL("argmax_scatter: unsupported dtype ", dt);
+    case DType::F64:
+      return argmax_scatter_t(static_cast<const double*>(dy), argmax, static_cast<double*>(dx), outer, dim,
+                              inner);
+    case DType::BF16:
+      return argmax_scatter_t(static_cast<const uint16_t*>(dy), argmax, static_cast<uint16_t*>(dx), outer,
+                              dim, inner);
+    default:
+      BT_FAIL("argmax_scatter: unsupported dtype ", dt);
   }
 }
 

@@ -26,9 +26,9 @@ __device__ __forceinline__ void adam_update(float& p, float& m, float& v, float 
 struct NoCopy {};
 
 template <typename G, typename C, bool kVec>
-__global__ void __launch_bounds__(256) adamw_kernel(float* __restrict__ p, const G* __restrict__ g,
-                                                    float* __restrict__ m, float* __restrict__ v,
-                                                    C* __restrict__ copy, int64_t n, Hyper h) {
+__global__ void __launch_bounds__(256)
+    adamw_kernel(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                 C* __restrict__ copy, int64_t n, Hyper h) {
   constexpr bool kCopy = !std::is_same_v<C, NoCopy>;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -72,8 +72,8 @@ template <typename G, typename C>
 void launch_adamw(const AdamWArgs& a, C* copy, const Hyper& h, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const G* g = static_cast<const G*>(a.grad);
-  bool vec = aligned_to(a.param, 16) && aligned_to(a.m, 16) && aligned_to(a.v, 16) &&
-             aligned_to(g, 4 * sizeof(G));
+  bool vec =
+      aligned_to(a.param, 16) && aligned_to(a.m, 16) && aligned_to(a.v, 16) && aligned_to(g, 4 * sizeof(G));
   if constexpr (!std::is_same_v<C, NoCopy>) vec = vec && aligned_to(copy, 4 * sizeof(C));
   const int64_t work = vec ? (a.n + 3) / 4 : a.n;
   const unsigned blocks = grid_stride_blocks(work, kThreads, 1);
@@ -91,8 +91,12 @@ void dispatch_copy(const AdamWArgs& a, const Hyper& h, cudaStream_t stream) {
     return;
   }
   switch (a.copy_dt) {
-    case DType::F32: launch_adamw<G, float>(a, static_cast<float*>(a.param_copy), h, stream); return;
-    case DType::BF16: launch_adamw<G, bf16_t>(a, static_cast<bf16_t*>(a.param_copy), h, stream); return;
+    case DType::F32:
+      launch_adamw<G, float>(a, static_cast<float*>(a.param_copy), h, stream);
+      return;
+    case DType::BF16:
+      launch_adamw<G, bf16_t>(a, static_cast<bf16_t*>(a.param_copy), h, stream);
+      return;
     default:
       BT_FAIL("cuda adamw: param copy dtype ", a.copy_dt, " is not supported on CUDA (use f32 or bf16)");
   }
@@ -105,12 +109,17 @@ void adamw(const AdamWArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
   BT_CHECK(a.param != nullptr && a.grad != nullptr && a.m != nullptr && a.v != nullptr,
            "cuda adamw: param, grad, m and v must all be non-null");
-  const Hyper h{a.lr, a.beta1, a.beta2, 1.0f - a.beta1, 1.0f - a.beta2, a.eps, a.weight_decay,
-                a.bias1, a.bias2, a.grad_scale};
+  const Hyper h{a.lr,  a.beta1,        a.beta2, 1.0f - a.beta1, 1.0f - a.beta2,
+                a.eps, a.weight_decay, a.bias1, a.bias2,        a.grad_scale};
   switch (a.grad_dt) {
-    case DType::F32: dispatch_copy<float>(a, h, stream); return;
-    case DType::BF16: dispatch_copy<bf16_t>(a, h, stream); return;
-    default: BT_FAIL("cuda adamw: gradient dtype ", a.grad_dt, " is not supported on CUDA (use f32 or bf16)");
+    case DType::F32:
+      dispatch_copy<float>(a, h, stream);
+      return;
+    case DType::BF16:
+      dispatch_copy<bf16_t>(a, h, stream);
+      return;
+    default:
+      BT_FAIL("cuda adamw: gradient dtype ", a.grad_dt, " is not supported on CUDA (use f32 or bf16)");
   }
 }
 

@@ -163,8 +163,8 @@ __global__ void attn_bwd_dot_kernel(AttnBackward a, Geo g, float* __restrict__ d
 }
 
 template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(AttnBackward a, Geo g, int64_t tiles,
-                                                                 const float* __restrict__ di) {
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv_kernel(AttnBackward a, Geo g, int64_t tiles, const float* __restrict__ di) {
   constexpr int TPR = DP / kPerLane, BR = kThreads / TPR;
   __shared__ float qs[kTile][DP];
   __shared__ float dos[kTile][DP];
@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(AttnBackward a,
 }
 
 template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(AttnBackward a, Geo g, int64_t tiles,
-                                                               const float* __restrict__ di) {
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_kernel(AttnBackward a, Geo g, int64_t tiles, const float* __restrict__ di) {
   constexpr int TPR = DP / kPerLane, BR = kThreads / TPR;
   __shared__ float ks[kTile][DP];
   __shared__ float vs[kTile][DP];
@@ -280,16 +280,24 @@ int padded_d(int64_t D) {
 template <typename F>
 void with_dp(int dp, F&& f) {
   switch (dp) {
-    case 16: f(std::integral_constant<int, 16>{}); return;
-    case 32: f(std::integral_constant<int, 32>{}); return;
-    case 64: f(std::integral_constant<int, 64>{}); return;
-    default: f(std::integral_constant<int, 128>{}); return;
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      return;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return;
+    default:
+      f(std::integral_constant<int, 128>{});
+      return;
   }
 }
 
 void check_shape(const AttnShape& s, const char* what) {
-  BT_CHECK(s.B >= 0 && s.H >= 0 && s.T >= 0 && s.D >= 0, "cuda ", what, ": negative shape (B ", s.B, ", H ", s.H,
-           ", T ", s.T, ", D ", s.D, ")");
+  BT_CHECK(s.B >= 0 && s.H >= 0 && s.T >= 0 && s.D >= 0, "cuda ", what, ": negative shape (B ", s.B, ", H ",
+           s.H, ", T ", s.T, ", D ", s.D, ")");
   BT_CHECK(s.D <= 128, "cuda ", what, ": head dim D = ", s.D,
            " is not supported on CUDA (D must be 1..128; 16, 32, 64 and 128 are the tuned sizes)");
 }
@@ -334,7 +342,8 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
     BT_CHECK(g.D >= 1, "cuda attention_backward: head dim D must be at least 1");
     BT_CHECK(a.q && a.k && a.v && a.o && a.dout && a.lse && a.dq && a.dk && a.dv,
              "cuda attention_backward: null input or output buffer");
-    BT_CHECK(scratch != nullptr, "cuda attention_backward: null scratch (allocate attention_backward_scratch_floats "
+    BT_CHECK(scratch != nullptr,
+             "cuda attention_backward: null scratch (allocate attention_backward_scratch_floats "
              "floats)");
     const int64_t rows = g.B * g.H * g.T;
     BT_CHECK(ceil_div(rows, 8) < INT_MAX, "cuda attention_backward: too many rows");

@@ -4,13 +4,13 @@
 // Not a public header: include it only from kernels/cuda/*.cu.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/dtype.h"
@@ -32,8 +32,12 @@ struct Tag {
 template <typename F>
 void dispatch_float(DType dt, const char* kernel, F&& f) {
   switch (dt) {
-    case DType::F32: f(Tag<float>{}); return;
-    case DType::BF16: f(Tag<bf16_t>{}); return;
+    case DType::F32:
+      f(Tag<float>{});
+      return;
+    case DType::BF16:
+      f(Tag<bf16_t>{});
+      return;
     default:
       BT_FAIL("cuda ", kernel, ": dtype ", dt,
               " is not supported on CUDA (supported: f32, bf16; f64 is CPU-only)");
@@ -152,9 +156,7 @@ struct alignas(sizeof(T) * N) Pack {
 template <typename T>
 inline constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
 
-inline bool aligned_to(const void* p, size_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
-}
+inline bool aligned_to(const void* p, size_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
 // ---------------------------------------------------------------- reductions
 __device__ __forceinline__ float warp_sum(float v) {
@@ -297,8 +299,7 @@ inline void check_layout(const StridedLayout& l, const char* kernel, const char*
   BT_CHECK(l.ndim >= 0 && l.ndim <= kMaxDims, "cuda ", kernel, ": ", name, " has ndim ", l.ndim,
            " (must be 0..", kMaxDims, ")");
   for (int d = 0; d < l.ndim; ++d)
-    BT_CHECK(l.shape[d] >= 0, "cuda ", kernel, ": ", name, " has negative size ", l.shape[d],
-             " in dim ", d);
+    BT_CHECK(l.shape[d] >= 0, "cuda ", kernel, ": ", name, " has negative size ", l.shape[d], " in dim ", d);
 }
 
 }  // namespace bt::kernels::cuda::detail

@@ -39,7 +39,7 @@ __host__ __device__ inline float round_to_odd_float(int64_t x) {
   while ((mag >> shift) >= (uint64_t{1} << 24)) ++shift;
   uint64_t m = mag >> shift;
   if (shift > 0 && (mag & ((uint64_t{1} << shift) - 1)) != 0) m |= 1u;  // sticky
-  const float f = ldexpf(static_cast<float>(m), shift);                  // exact
+  const float f = ldexpf(static_cast<float>(m), shift);                 // exact
   return x < 0 ? -f : f;
 }
 
@@ -62,19 +62,38 @@ struct Value {
 __device__ __forceinline__ Value load_value(DType dt, const void* base, int64_t off) {
   Value v{0.0, 0, false};
   switch (dt) {
-    case DType::F32: v.f = static_cast<double>(static_cast<const float*>(base)[off]); break;
-    case DType::F64: v.f = static_cast<const double*>(base)[off]; break;
+    case DType::F32:
+      v.f = static_cast<double>(static_cast<const float*>(base)[off]);
+      break;
+    case DType::F64:
+      v.f = static_cast<const double*>(base)[off];
+      break;
     case DType::BF16:
       v.f = static_cast<double>(dev_bf16_bits_to_float(static_cast<const uint16_t*>(base)[off]));
       break;
     case DType::F16:
       v.f = static_cast<double>(dev_f16_bits_to_float(static_cast<const uint16_t*>(base)[off]));
       break;
-    case DType::I32: v.i = static_cast<const int32_t*>(base)[off]; v.is_int = true; break;
-    case DType::I64: v.i = static_cast<const int64_t*>(base)[off]; v.is_int = true; break;
-    case DType::U16: v.i = static_cast<const uint16_t*>(base)[off]; v.is_int = true; break;
-    case DType::U8: v.i = static_cast<const uint8_t*>(base)[off]; v.is_int = true; break;
-    case DType::Bool: v.i = static_cast<const uint8_t*>(base)[off] != 0; v.is_int = true; break;
+    case DType::I32:
+      v.i = static_cast<const int32_t*>(base)[off];
+      v.is_int = true;
+      break;
+    case DType::I64:
+      v.i = static_cast<const int64_t*>(base)[off];
+      v.is_int = true;
+      break;
+    case DType::U16:
+      v.i = static_cast<const uint16_t*>(base)[off];
+      v.is_int = true;
+      break;
+    case DType::U8:
+      v.i = static_cast<const uint8_t*>(base)[off];
+      v.is_int = true;
+      break;
+    case DType::Bool:
+      v.i = static_cast<const uint8_t*>(base)[off] != 0;
+      v.is_int = true;
+      break;
   }
   return v;
 }
@@ -97,12 +116,24 @@ __device__ __forceinline__ void store_value(DType dt, void* base, int64_t i, con
     case DType::F64:
       static_cast<double*>(base)[i] = v.is_int ? static_cast<double>(v.i) : v.f;
       break;
-    case DType::BF16: static_cast<uint16_t*>(base)[i] = dev_float_to_bf16_bits(value_to_odd_float(v)); break;
-    case DType::F16: static_cast<uint16_t*>(base)[i] = dev_float_to_f16_bits(value_to_odd_float(v)); break;
-    case DType::I32: static_cast<int32_t*>(base)[i] = value_to_int<int32_t>(v); break;
-    case DType::I64: static_cast<int64_t*>(base)[i] = value_to_int<int64_t>(v); break;
-    case DType::U16: static_cast<uint16_t*>(base)[i] = value_to_int<uint16_t>(v); break;
-    case DType::U8: static_cast<uint8_t*>(base)[i] = value_to_int<uint8_t>(v); break;
+    case DType::BF16:
+      static_cast<uint16_t*>(base)[i] = dev_float_to_bf16_bits(value_to_odd_float(v));
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(base)[i] = dev_float_to_f16_bits(value_to_odd_float(v));
+      break;
+    case DType::I32:
+      static_cast<int32_t*>(base)[i] = value_to_int<int32_t>(v);
+      break;
+    case DType::I64:
+      static_cast<int64_t*>(base)[i] = value_to_int<int64_t>(v);
+      break;
+    case DType::U16:
+      static_cast<uint16_t*>(base)[i] = value_to_int<uint16_t>(v);
+      break;
+    case DType::U8:
+      static_cast<uint8_t*>(base)[i] = value_to_int<uint8_t>(v);
+      break;
     case DType::Bool:
       static_cast<uint8_t*>(base)[i] = v.is_int ? (v.i != 0 ? 1 : 0) : (v.f != 0.0 ? 1 : 0);
       break;
@@ -111,8 +142,8 @@ __device__ __forceinline__ void store_value(DType dt, void* base, int64_t i, con
 
 /// Converting gather: dst[i] = cast(src[layout.offset_of(i)]).
 template <typename Idx, bool kContiguous>
-__global__ void convert_kernel(DType src_dt, const void* __restrict__ src, StridedLayout layout,
-                               DType dst_dt, void* __restrict__ dst, int64_t n) {
+__global__ void convert_kernel(DType src_dt, const void* __restrict__ src, StridedLayout layout, DType dst_dt,
+                               void* __restrict__ dst, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t off = kContiguous ? i : offset_of_t<Idx>(layout, static_cast<Idx>(i));
@@ -122,7 +153,8 @@ __global__ void convert_kernel(DType src_dt, const void* __restrict__ src, Strid
 
 /// Same-dtype gather of raw elements of type U (1, 2, 4 or 8 bytes).
 template <typename U, typename Idx>
-__global__ void gather_kernel(const U* __restrict__ src, StridedLayout layout, U* __restrict__ dst, int64_t n) {
+__global__ void gather_kernel(const U* __restrict__ src, StridedLayout layout, U* __restrict__ dst,
+                              int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dst[i] = src[offset_of_t<Idx>(layout, static_cast<Idx>(i))];
@@ -134,11 +166,11 @@ void launch_gather(const void* src, const StridedLayout& l, void* dst, int64_t n
   constexpr int kThreads = 256;
   const unsigned blocks = grid_stride_blocks(n, kThreads, 4);
   if (small)
-    gather_kernel<U, uint32_t><<<blocks, kThreads, 0, stream>>>(static_cast<const U*>(src), l,
-                                                                static_cast<U*>(dst), n);
+    gather_kernel<U, uint32_t>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<const U*>(src), l, static_cast<U*>(dst), n);
   else
-    gather_kernel<U, int64_t><<<blocks, kThreads, 0, stream>>>(static_cast<const U*>(src), l,
-                                                               static_cast<U*>(dst), n);
+    gather_kernel<U, int64_t>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<const U*>(src), l, static_cast<U*>(dst), n);
   BT_KERNEL_CHECK();
 }
 
@@ -174,7 +206,7 @@ void launch_fill(void* dst, int64_t n, U pattern, cudaStream_t stream) {
     unsigned char* pb = reinterpret_cast<unsigned char*>(&p16);
     for (int64_t j = 0; j < per; ++j) std::memcpy(pb + j * sizeof(U), &pattern, sizeof(U));
     fill16_kernel<<<grid_stride_blocks(n16, kThreads, 4), kThreads, 0, stream>>>(static_cast<uint4*>(dst),
-                                                                                  n16, p16);
+                                                                                 n16, p16);
     BT_KERNEL_CHECK();
     done = n16 * per;
   }
@@ -220,11 +252,20 @@ void strided_copy(DType src_dt, const void* src, const StridedLayout& layout, DT
       return;
     }
     switch (es) {
-      case 1: launch_gather<uint8_t>(src, l, dst, n, small, stream); return;
-      case 2: launch_gather<uint16_t>(src, l, dst, n, small, stream); return;
-      case 4: launch_gather<uint32_t>(src, l, dst, n, small, stream); return;
-      case 8: launch_gather<uint64_t>(src, l, dst, n, small, stream); return;
-      default: BT_ASSERT(false, "element size ", es);
+      case 1:
+        launch_gather<uint8_t>(src, l, dst, n, small, stream);
+        return;
+      case 2:
+        launch_gather<uint16_t>(src, l, dst, n, small, stream);
+        return;
+      case 4:
+        launch_gather<uint32_t>(src, l, dst, n, small, stream);
+        return;
+      case 8:
+        launch_gather<uint64_t>(src, l, dst, n, small, stream);
+        return;
+      default:
+        BT_ASSERT(false, "element size ", es);
     }
   }
   constexpr int kThreads = 256;
@@ -244,24 +285,36 @@ void fill(DType dt, void* dst, int64_t n, double value, cudaStream_t stream) {
   if (n == 0) return;
   BT_CHECK(dst != nullptr, "cuda fill: null buffer for ", n, " elements");
   switch (dt) {
-    case DType::F32: launch_fill<uint32_t>(dst, n, f32_bits(static_cast<float>(value)), stream); return;
+    case DType::F32:
+      launch_fill<uint32_t>(dst, n, f32_bits(static_cast<float>(value)), stream);
+      return;
     case DType::F64: {
       uint64_t bits;
       std::memcpy(&bits, &value, 8);
       launch_fill<uint64_t>(dst, n, bits, stream);
       return;
     }
-    case DType::BF16: launch_fill<uint16_t>(dst, n, float_to_bf16_bits(round_to_odd_float(value)), stream); return;
-    case DType::F16: launch_fill<uint16_t>(dst, n, float_to_f16_bits(round_to_odd_float(value)), stream); return;
+    case DType::BF16:
+      launch_fill<uint16_t>(dst, n, float_to_bf16_bits(round_to_odd_float(value)), stream);
+      return;
+    case DType::F16:
+      launch_fill<uint16_t>(dst, n, float_to_f16_bits(round_to_odd_float(value)), stream);
+      return;
     case DType::I32:
       launch_fill<uint32_t>(dst, n, static_cast<uint32_t>(saturate_trunc<int32_t>(value)), stream);
       return;
     case DType::I64:
       launch_fill<uint64_t>(dst, n, static_cast<uint64_t>(saturate_trunc<int64_t>(value)), stream);
       return;
-    case DType::U16: launch_fill<uint16_t>(dst, n, saturate_trunc<uint16_t>(value), stream); return;
-    case DType::U8: launch_fill<uint8_t>(dst, n, saturate_trunc<uint8_t>(value), stream); return;
-    case DType::Bool: launch_fill<uint8_t>(dst, n, static_cast<uint8_t>(value != 0.0 ? 1 : 0), stream); return;
+    case DType::U16:
+      launch_fill<uint16_t>(dst, n, saturate_trunc<uint16_t>(value), stream);
+      return;
+    case DType::U8:
+      launch_fill<uint8_t>(dst, n, saturate_trunc<uint8_t>(value), stream);
+      return;
+    case DType::Bool:
+      launch_fill<uint8_t>(dst, n, static_cast<uint8_t>(value != 0.0 ? 1 : 0), stream);
+      return;
   }
   BT_FAIL("cuda fill: unsupported dtype ", dt);
 }

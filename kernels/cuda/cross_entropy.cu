@@ -15,9 +15,10 @@ using namespace detail;
 constexpr int kThreads = 512;
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) ce_fwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
-                                                          const int32_t* __restrict__ targets,
-                                                          float* __restrict__ loss, float* __restrict__ lse_out) {
+__global__ void __launch_bounds__(kThreads)
+    ce_fwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
+                  const int32_t* __restrict__ targets, float* __restrict__ loss,
+                  float* __restrict__ lse_out) {
   __shared__ float sm[32], ss[32];
   const int64_t row = blockIdx.x;
   const T* p = logits + row * ld;
@@ -71,10 +72,10 @@ __device__ __forceinline__ float ce_grad(float x, int64_t c, int64_t vocab, int3
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) ce_bwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
-                                                          const int32_t* __restrict__ targets,
-                                                          const float* __restrict__ lse,
-                                                          const float* __restrict__ dloss, T* __restrict__ dlogits) {
+__global__ void __launch_bounds__(kThreads)
+    ce_bwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
+                  const int32_t* __restrict__ targets, const float* __restrict__ lse,
+                  const float* __restrict__ dloss, T* __restrict__ dlogits) {
   const int64_t row = blockIdx.x;
   const T* p = logits + row * ld;
   T* d = dlogits + row * ld;
@@ -92,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) ce_bwd_kernel(const T* __restrict__ 
       if (c0 < vocab) {
         const P pk = pp[i];  // the whole pack lies inside the row (c0 + V <= ld)
 #pragma unroll
-        for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(ce_grad(to_float(pk.v[j]), c0 + j, vocab, tg, l, dl));
+        for (int j = 0; j < V; ++j)
+          out.v[j] = from_float<T>(ce_grad(to_float(pk.v[j]), c0 + j, vocab, tg, l, dl));
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(0.0f);
@@ -106,7 +108,8 @@ __global__ void __launch_bounds__(kThreads) ce_bwd_kernel(const T* __restrict__ 
 }
 
 void check_args(const CrossEntropyArgs& a, const char* what) {
-  BT_CHECK(a.rows >= 0 && a.vocab >= 0, "cuda ", what, ": negative size (rows ", a.rows, ", vocab ", a.vocab, ")");
+  BT_CHECK(a.rows >= 0 && a.vocab >= 0, "cuda ", what, ": negative size (rows ", a.rows, ", vocab ", a.vocab,
+           ")");
   BT_CHECK(a.ld >= a.vocab, "cuda ", what, ": ld ", a.ld, " is smaller than vocab ", a.vocab);
   BT_CHECK(a.rows < INT_MAX, "cuda ", what, ": too many rows (", a.rows, ")");
 }

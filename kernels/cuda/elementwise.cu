@@ -35,7 +35,8 @@ __global__ void binary_contig_vec_kernel(const T* a, const T* b, T* out, int64_t
     const P pb = reinterpret_cast<const P*>(b)[i];
     P po;
 #pragma unroll
-    for (int j = 0; j < V; ++j) po.v[j] = from_float<T>(apply_binary<kOp>(to_float(pa.v[j]), to_float(pb.v[j])));
+    for (int j = 0; j < V; ++j)
+      po.v[j] = from_float<T>(apply_binary<kOp>(to_float(pa.v[j]), to_float(pb.v[j])));
     reinterpret_cast<P*>(out)[i] = po;
   }
 }
@@ -64,8 +65,8 @@ void launch_binary(const T* a, const StridedLayout& la_in, const T* b, const Str
     // Packs are only used when no output element aliases a different input element.
     if (aligned_to(a, 16) && aligned_to(b, 16) && aligned_to(out, 16) && n >= V) {
       const int64_t npacks = n / V;
-      binary_contig_vec_kernel<T, kOp><<<grid_stride_blocks(npacks, kThreads), kThreads, 0, stream>>>(
-          a, b, out, npacks);
+      binary_contig_vec_kernel<T, kOp>
+          <<<grid_stride_blocks(npacks, kThreads), kThreads, 0, stream>>>(a, b, out, npacks);
       BT_KERNEL_CHECK();
       done = npacks * V;
     }
@@ -125,13 +126,14 @@ void launch_unary(const T* a, T* out, int64_t n, float s, cudaStream_t stream) {
   int64_t done = 0;
   if (aligned_to(a, 16) && aligned_to(out, 16) && n >= V) {
     const int64_t npacks = n / V;
-    unary_vec_kernel<T, kOp><<<grid_stride_blocks(npacks, kThreads), kThreads, 0, stream>>>(a, out, npacks, s);
+    unary_vec_kernel<T, kOp>
+        <<<grid_stride_blocks(npacks, kThreads), kThreads, 0, stream>>>(a, out, npacks, s);
     BT_KERNEL_CHECK();
     done = npacks * V;
   }
   if (done < n) {
-    unary_kernel<T, kOp><<<grid_stride_blocks(n - done, kThreads), kThreads, 0, stream>>>(a + done, out + done,
-                                                                                          n - done, s);
+    unary_kernel<T, kOp>
+        <<<grid_stride_blocks(n - done, kThreads), kThreads, 0, stream>>>(a + done, out + done, n - done, s);
     BT_KERNEL_CHECK();
   }
 }
@@ -145,8 +147,8 @@ void binary(BinaryOp op, DType dt, const void* a, const StridedLayout& la, const
   BT_CHECK(la.ndim == lb.ndim, "cuda binary: a has ", la.ndim, " dims but b has ", lb.ndim,
            " (both layouts must have the output's shape)");
   for (int d = 0; d < la.ndim; ++d)
-    BT_CHECK(la.shape[d] == lb.shape[d], "cuda binary: dim ", d, " is ", la.shape[d], " in a but ", lb.shape[d],
-             " in b (both layouts must have the output's shape)");
+    BT_CHECK(la.shape[d] == lb.shape[d], "cuda binary: dim ", d, " is ", la.shape[d], " in a but ",
+             lb.shape[d], " in b (both layouts must have the output's shape)");
   dispatch_float(dt, "binary", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t n = numel(la);
@@ -156,11 +158,21 @@ void binary(BinaryOp op, DType dt, const void* a, const StridedLayout& la, const
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);
     switch (op) {
-      case BinaryOp::Add: launch_binary<T, BinaryOp::Add>(pa, la, pb, lb, po, n, stream); return;
-      case BinaryOp::Sub: launch_binary<T, BinaryOp::Sub>(pa, la, pb, lb, po, n, stream); return;
-      case BinaryOp::Mul: launch_binary<T, BinaryOp::Mul>(pa, la, pb, lb, po, n, stream); return;
-      case BinaryOp::Div: launch_binary<T, BinaryOp::Div>(pa, la, pb, lb, po, n, stream); return;
-      case BinaryOp::Pow: launch_binary<T, BinaryOp::Pow>(pa, la, pb, lb, po, n, stream); return;
+      case BinaryOp::Add:
+        launch_binary<T, BinaryOp::Add>(pa, la, pb, lb, po, n, stream);
+        return;
+      case BinaryOp::Sub:
+        launch_binary<T, BinaryOp::Sub>(pa, la, pb, lb, po, n, stream);
+        return;
+      case BinaryOp::Mul:
+        launch_binary<T, BinaryOp::Mul>(pa, la, pb, lb, po, n, stream);
+        return;
+      case BinaryOp::Div:
+        launch_binary<T, BinaryOp::Div>(pa, la, pb, lb, po, n, stream);
+        return;
+      case BinaryOp::Pow:
+        launch_binary<T, BinaryOp::Pow>(pa, la, pb, lb, po, n, stream);
+        return;
     }
     BT_FAIL("cuda binary: unknown op ", static_cast<int>(op));
   });
@@ -176,14 +188,30 @@ void unary(UnaryOp op, DType dt, const void* a, void* out, int64_t n, double sca
     T* po = static_cast<T*>(out);
     const float s = static_cast<float>(scalar);
     switch (op) {
-      case UnaryOp::Neg: launch_unary<T, UnaryOp::Neg>(pa, po, n, s, stream); return;
-      case UnaryOp::Exp: launch_unary<T, UnaryOp::Exp>(pa, po, n, s, stream); return;
-      case UnaryOp::Log: launch_unary<T, UnaryOp::Log>(pa, po, n, s, stream); return;
-      case UnaryOp::Tanh: launch_unary<T, UnaryOp::Tanh>(pa, po, n, s, stream); return;
-      case UnaryOp::Sqrt: launch_unary<T, UnaryOp::Sqrt>(pa, po, n, s, stream); return;
-      case UnaryOp::PowScalar: launch_unary<T, UnaryOp::PowScalar>(pa, po, n, s, stream); return;
-      case UnaryOp::AddScalar: launch_unary<T, UnaryOp::AddScalar>(pa, po, n, s, stream); return;
-      case UnaryOp::MulScalar: launch_unary<T, UnaryOp::MulScalar>(pa, po, n, s, stream); return;
+      case UnaryOp::Neg:
+        launch_unary<T, UnaryOp::Neg>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::Exp:
+        launch_unary<T, UnaryOp::Exp>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::Log:
+        launch_unary<T, UnaryOp::Log>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::Tanh:
+        launch_unary<T, UnaryOp::Tanh>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::Sqrt:
+        launch_unary<T, UnaryOp::Sqrt>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::PowScalar:
+        launch_unary<T, UnaryOp::PowScalar>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::AddScalar:
+        launch_unary<T, UnaryOp::AddScalar>(pa, po, n, s, stream);
+        return;
+      case UnaryOp::MulScalar:
+        launch_unary<T, UnaryOp::MulScalar>(pa, po, n, s, stream);
+        return;
     }
     BT_FAIL("cuda unary: unknown op ", static_cast<int>(op));
   });

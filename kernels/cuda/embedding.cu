@@ -21,7 +21,8 @@ using namespace detail;
 /// (all ones) for an index outside [0, num).
 template <typename U>
 __global__ void embed_fwd_kernel(const U* __restrict__ table, int64_t num, int64_t chunks,
-                                 const int32_t* __restrict__ idx, int64_t n, U* __restrict__ out, U nan_bits) {
+                                 const int32_t* __restrict__ idx, int64_t n, U* __restrict__ out,
+                                 U nan_bits) {
   const int64_t total = n * chunks;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
@@ -92,8 +93,8 @@ __global__ void f32_to_kernel(const float* __restrict__ in, T* __restrict__ out,
 }
 
 void check_sizes(const char* what, int64_t num, int64_t dim, int64_t n) {
-  BT_CHECK(num >= 0 && dim >= 0 && n >= 0, "cuda ", what, ": negative size (num ", num, ", dim ", dim, ", n ", n,
-           ")");
+  BT_CHECK(num >= 0 && dim >= 0 && n >= 0, "cuda ", what, ": negative size (num ", num, ", dim ", dim, ", n ",
+           n, ")");
 }
 
 }  // namespace
@@ -146,8 +147,9 @@ void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t 
     BT_CHECK(dtable != nullptr, "cuda embedding_backward: null dtable");
     constexpr bool kDirect = std::is_same_v<T, float>;
     float* acc = kDirect ? static_cast<float*>(dtable) : scratch;
-    BT_CHECK(acc != nullptr, "cuda embedding_backward: null scratch (allocate embedding_backward_scratch_floats(",
-             num, ", ", dim, ") floats)");
+    BT_CHECK(acc != nullptr,
+             "cuda embedding_backward: null scratch (allocate embedding_backward_scratch_floats(", num, ", ",
+             dim, ") floats)");
     const int64_t total = num * dim;
     BT_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(total) * sizeof(float), stream));
     if (n > 0) {
@@ -160,14 +162,14 @@ void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t 
       if (buckets < 1) buckets = 1;
       BT_CHECK(tiles < INT_MAX, "cuda embedding_backward: dim ", dim, " too large");
       embed_bwd_kernel<T><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(buckets)), threads,
-                            threads * sizeof(int32_t), stream>>>(static_cast<const T*>(dout), idx, n, num, dim,
-                                                                 buckets, acc);
+                            threads * sizeof(int32_t), stream>>>(static_cast<const T*>(dout), idx, n, num,
+                                                                 dim, buckets, acc);
       BT_KERNEL_CHECK();
     }
     if constexpr (!kDirect) {
       constexpr int kThreads = 256;
-      f32_to_kernel<T><<<grid_stride_blocks(total, kThreads), kThreads, 0, stream>>>(acc, static_cast<T*>(dtable),
-                                                                                     total);
+      f32_to_kernel<T>
+          <<<grid_stride_blocks(total, kThreads), kThreads, 0, stream>>>(acc, static_cast<T*>(dtable), total);
       BT_KERNEL_CHECK();
     }
   });

@@ -37,7 +37,8 @@ __global__ void gelu_bwd_vec_kernel(const T* x, const T* dy, T* dx, int64_t npac
     const P pg = reinterpret_cast<const P*>(dy)[i];
     P pd;
 #pragma unroll
-    for (int j = 0; j < V; ++j) pd.v[j] = from_float<T>(to_float(pg.v[j]) * gelu_tanh_grad(to_float(px.v[j])));
+    for (int j = 0; j < V; ++j)
+      pd.v[j] = from_float<T>(to_float(pg.v[j]) * gelu_tanh_grad(to_float(px.v[j])));
     reinterpret_cast<P*>(dx)[i] = pd;
   }
 }
@@ -68,8 +69,8 @@ void gelu_forward(DType dt, const void* x, void* y, int64_t n, cudaStream_t stre
       done = np * V;
     }
     if (done < n) {
-      gelu_fwd_kernel<T><<<grid_stride_blocks(n - done, kThreads), kThreads, 0, stream>>>(px + done, py + done,
-                                                                                          n - done);
+      gelu_fwd_kernel<T>
+          <<<grid_stride_blocks(n - done, kThreads), kThreads, 0, stream>>>(px + done, py + done, n - done);
       BT_KERNEL_CHECK();
     }
   });

@@ -62,8 +62,8 @@ void launch_epilogue(const GemmArgs& a, bool scale_mode, cudaStream_t stream) {
   const int64_t total = a.batch * a.m * a.n;
   constexpr int kThreads = 256;
   epilogue_kernel<T><<<grid_stride_blocks(total, kThreads), kThreads, 0, stream>>>(
-      static_cast<T*>(a.c), a.ldc, a.stride_c, a.m, a.n, a.batch, bias ? static_cast<const T*>(a.bias) : nullptr,
-      pre, gelu, scale_mode, a.beta);
+      static_cast<T*>(a.c), a.ldc, a.stride_c, a.m, a.n, a.batch,
+      bias ? static_cast<const T*>(a.bias) : nullptr, pre, gelu, scale_mode, a.beta);
   BT_KERNEL_CHECK();
 }
 
@@ -178,7 +178,8 @@ void set_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                                    int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  BT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  BT_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     set_layout(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(batch));
     set_layout(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
@@ -236,14 +237,19 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
     ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
   } guard{pref};
   const uint64_t ws = kWorkspaceBytes;
-  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  BT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   // Swapped operands: cuBLASLt's A is the caller's B.
   const uint32_t al_a = static_cast<uint32_t>(key.align_b), al_b = static_cast<uint32_t>(key.align_a),
                  al_c = static_cast<uint32_t>(key.align_c);
-  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
-  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                       &al_a, sizeof(al_a)));
+  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                       &al_b, sizeof(al_b)));
+  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                       &al_c, sizeof(al_c)));
+  BT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                       &al_c, sizeof(al_c)));
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
@@ -260,15 +266,17 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
 void validate(const GemmArgs& a, const char* what) {
   BT_CHECK(a.dtype == DType::F32 || a.dtype == DType::BF16, "cuda ", what, ": dtype ", a.dtype,
            " is not supported on CUDA (supported: f32, bf16; f64 is CPU-only)");
-  BT_CHECK(a.m >= 0 && a.n >= 0 && a.k >= 0, "cuda ", what, ": negative size (m ", a.m, ", n ", a.n, ", k ", a.k,
-           ")");
+  BT_CHECK(a.m >= 0 && a.n >= 0 && a.k >= 0, "cuda ", what, ": negative size (m ", a.m, ", n ", a.n, ", k ",
+           a.k, ")");
   BT_CHECK(a.batch >= 0 && a.batch <= INT32_MAX, "cuda ", what, ": batch ", a.batch, " out of range");
   const int64_t a_cols = a.trans_a ? a.m : a.k;
   const int64_t b_cols = a.trans_b ? a.k : a.n;
-  BT_CHECK(a.lda >= (a_cols > 1 ? a_cols : 1) || a.k == 0, "cuda ", what, ": lda ", a.lda, " is smaller than ",
-           a_cols, " (the columns of the row-major A", a.trans_a ? ", trans_a" : "", ")");
-  BT_CHECK(a.ldb >= (b_cols > 1 ? b_cols : 1) || a.k == 0, "cuda ", what, ": ldb ", a.ldb, " is smaller than ",
-           b_cols, " (the columns of the row-major B", a.trans_b ? ", trans_b" : "", ")");
+  BT_CHECK(a.lda >= (a_cols > 1 ? a_cols : 1) || a.k == 0, "cuda ", what, ": lda ", a.lda,
+           " is smaller than ", a_cols, " (the columns of the row-major A", a.trans_a ? ", trans_a" : "",
+           ")");
+  BT_CHECK(a.ldb >= (b_cols > 1 ? b_cols : 1) || a.k == 0, "cuda ", what, ": ldb ", a.ldb,
+           " is smaller than ", b_cols, " (the columns of the row-major B", a.trans_b ? ", trans_b" : "",
+           ")");
   BT_CHECK(a.epilogue == Epilogue::None || a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::Gelu ||
                a.epilogue == Epilogue::BiasGelu,
            "cuda ", what, ": unknown epilogue ", static_cast<int>(a.epilogue));
@@ -288,13 +296,15 @@ void gemm(const GemmArgs& args, cudaStream_t stream) {
   const bool bias = a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::BiasGelu;
   const bool gelu = a.epilogue == Epilogue::Gelu || a.epilogue == Epilogue::BiasGelu;
   BT_CHECK(!bias || a.bias != nullptr, "cuda gemm: the bias epilogue needs a bias pointer");
-  BT_CHECK(a.epilogue != Epilogue::Bias || a.beta == 0.0f, "cuda gemm: the Bias epilogue requires beta == 0 (got beta ",
-           a.beta, "); add the bias separately when accumulating into C");
+  BT_CHECK(a.epilogue != Epilogue::Bias || a.beta == 0.0f,
+           "cuda gemm: the Bias epilogue requires beta == 0 (got beta ", a.beta,
+           "); add the bias separately when accumulating into C");
   if (!gelu) a.pre_gelu = nullptr;
   if (!bias) a.bias = nullptr;
 
   if (a.k == 0) {  // C = beta * C, then the epilogue
-    dispatch_float(a.dtype, "gemm", [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, true, stream); });
+    dispatch_float(a.dtype, "gemm",
+                   [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, true, stream); });
     return;
   }
   BT_CHECK(a.a != nullptr && a.b != nullptr, "cuda gemm: null A or B");
@@ -356,7 +366,8 @@ void gemm(const GemmArgs& args, cudaStream_t stream) {
   }
   BT_CUBLAS_CHECK(status);
   if (!it->second->fused_epilogue && a.epilogue != Epilogue::None)
-    dispatch_float(a.dtype, "gemm", [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, false, stream); });
+    dispatch_float(a.dtype, "gemm",
+                   [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, false, stream); });
 }
 
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream) {
@@ -382,20 +393,22 @@ void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream) {
       BT_CUBLAS_CHECK(cublasSgemm(st.blas, op_a, op_b, m, n, k, &alpha, static_cast<const float*>(a.b), lda,
                                   static_cast<const float*>(a.a), ldb, &beta, static_cast<float*>(a.c), ldc));
     else
-      BT_CUBLAS_CHECK(cublasSgemmStridedBatched(st.blas, op_a, op_b, m, n, k, &alpha, static_cast<const float*>(a.b),
-                                                lda, a.stride_b, static_cast<const float*>(a.a), ldb, a.stride_a,
-                                                &beta, static_cast<float*>(a.c), ldc, a.stride_c, batch));
+      BT_CUBLAS_CHECK(cublasSgemmStridedBatched(st.blas, op_a, op_b, m, n, k, &alpha,
+                                                static_cast<const float*>(a.b), lda, a.stride_b,
+                                                static_cast<const float*>(a.a), ldb, a.stride_a, &beta,
+                                                static_cast<float*>(a.c), ldc, a.stride_c, batch));
     return;
   }
   const cudaDataType_t t = cuda_type(a.dtype);
-  const cublasComputeType_t compute = a.dtype == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute =
+      a.dtype == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   if (batch == 1)
-    BT_CUBLAS_CHECK(cublasGemmEx(st.blas, op_a, op_b, m, n, k, &alpha, a.b, t, lda, a.a, t, ldb, &beta, a.c, t, ldc,
-                                 compute, CUBLAS_GEMM_DEFAULT));
+    BT_CUBLAS_CHECK(cublasGemmEx(st.blas, op_a, op_b, m, n, k, &alpha, a.b, t, lda, a.a, t, ldb, &beta, a.c,
+                                 t, ldc, compute, CUBLAS_GEMM_DEFAULT));
   else
-    BT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(st.blas, op_a, op_b, m, n, k, &alpha, a.b, t, lda, a.stride_b, a.a, t,
-                                               ldb, a.stride_a, &beta, a.c, t, ldc, a.stride_c, batch, compute,
-                                               CUBLAS_GEMM_DEFAULT));
+    BT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(st.blas, op_a, op_b, m, n, k, &alpha, a.b, t, lda, a.stride_b,
+                                               a.a, t, ldb, a.stride_a, &beta, a.c, t, ldc, a.stride_c, batch,
+                                               compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace bt::kernels::cuda

@@ -35,10 +35,10 @@ __device__ __forceinline__ void unpack(const Pack<T, kVec16<T>>& p, float* out) 
 /// packs halve the registers for bf16); all loads of the R rows are issued before
 /// the first reduction, so a warp keeps R * K * 512 bytes in flight.
 template <typename T, int K, int R>
-__global__ void __launch_bounds__(kThreads) ln_fwd_fast_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                               const T* __restrict__ b, T* __restrict__ y,
-                                                               float* __restrict__ mean, float* __restrict__ rstd,
-                                                               int64_t rows, int cols, float eps) {
+__global__ void __launch_bounds__(kThreads)
+    ln_fwd_fast_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                       T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
+                       int cols, float eps) {
   constexpr int V = kVec16<T>;
   using P = Pack<T, V>;
   const int lane = threadIdx.x & 31;
@@ -129,11 +129,10 @@ __global__ void __launch_bounds__(kThreads) ln_fwd_fast_kernel(const T* __restri
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) ln_fwd_generic_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                  const T* __restrict__ b, T* __restrict__ y,
-                                                                  float* __restrict__ mean,
-                                                                  float* __restrict__ rstd, int64_t rows,
-                                                                  int64_t cols, float eps) {
+__global__ void __launch_bounds__(kThreads)
+    ln_fwd_generic_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                          T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
+                          int64_t cols, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -162,12 +161,11 @@ __global__ void __launch_bounds__(kThreads) ln_fwd_generic_kernel(const T* __res
 /// Warp `gw` (global warp index) handles rows gw, gw + W, ...; dx is written per
 /// row, and the warp's dw/db partials (registers) go to scratch row gw.
 template <typename T, int K>
-__global__ void __launch_bounds__(kThreads) ln_bwd_fast_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                               const T* __restrict__ w,
-                                                               const float* __restrict__ mean,
-                                                               const float* __restrict__ rstd, T* __restrict__ dx,
-                                                               float* __restrict__ pdw, float* __restrict__ pdb,
-                                                               int64_t rows, int cols, int64_t nwarps) {
+__global__ void __launch_bounds__(kThreads)
+    ln_bwd_fast_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                       const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                       float* __restrict__ pdw, float* __restrict__ pdb, int64_t rows, int cols,
+                       int64_t nwarps) {
   constexpr int V = kVec16<T>;
   using P = Pack<T, V>;
   const int lane = threadIdx.x & 31;
@@ -247,25 +245,25 @@ __global__ void __launch_bounds__(kThreads) ln_bwd_fast_kernel(const T* __restri
       if (pdw) {
         float4* o = reinterpret_cast<float4*>(pdw + gw * cols + static_cast<int64_t>(vi) * V);
 #pragma unroll
-        for (int j = 0; j < V; j += 4) o[j / 4] = make_float4(acc_w[k][j], acc_w[k][j + 1], acc_w[k][j + 2], acc_w[k][j + 3]);
+        for (int j = 0; j < V; j += 4)
+          o[j / 4] = make_float4(acc_w[k][j], acc_w[k][j + 1], acc_w[k][j + 2], acc_w[k][j + 3]);
       }
       if (pdb) {
         float4* o = reinterpret_cast<float4*>(pdb + gw * cols + static_cast<int64_t>(vi) * V);
 #pragma unroll
-        for (int j = 0; j < V; j += 4) o[j / 4] = make_float4(acc_b[k][j], acc_b[k][j + 1], acc_b[k][j + 2], acc_b[k][j + 3]);
+        for (int j = 0; j < V; j += 4)
+          o[j / 4] = make_float4(acc_b[k][j], acc_b[k][j + 1], acc_b[k][j + 2], acc_b[k][j + 3]);
       }
     }
   }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) ln_bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                                  const T* __restrict__ w,
-                                                                  const float* __restrict__ mean,
-                                                                  const float* __restrict__ rstd,
-                                                                  T* __restrict__ dx, float* __restrict__ pdw,
-                                                                  float* __restrict__ pdb, int64_t rows,
-                                                                  int64_t cols, int64_t nwarps) {
+__global__ void __launch_bounds__(kThreads)
+    ln_bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                          float* __restrict__ pdw, float* __restrict__ pdb, int64_t rows, int64_t cols,
+                          int64_t nwarps) {
   const int lane = threadIdx.x & 31;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (gw >= nwarps) return;
@@ -333,19 +331,32 @@ template <int kMaxK, typename F>
 bool with_k(int k, F&& f) {
   if (k > kMaxK) return false;
   switch (k) {
-    case 1: f(std::integral_constant<int, 1>{}); return true;
-    case 2: f(std::integral_constant<int, 2>{}); return true;
-    case 3: f(std::integral_constant<int, 3>{}); return true;
-    case 4: f(std::integral_constant<int, 4>{}); return true;
-    case 6: f(std::integral_constant<int, 6>{}); return true;
-    case 8: f(std::integral_constant<int, 8>{}); return true;
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      return true;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      return true;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      return true;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      return true;
+    case 6:
+      f(std::integral_constant<int, 6>{});
+      return true;
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      return true;
     case 12:
       if constexpr (kMaxK >= 12) f(std::integral_constant<int, 12>{});
       return true;
     case 16:
       if constexpr (kMaxK >= 16) f(std::integral_constant<int, 16>{});
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -359,8 +370,8 @@ int64_t num_partials(int64_t rows) { return rows < kMaxPartials ? rows : kMaxPar
 
 }  // namespace
 
-void layernorm_forward(DType dt, const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
-                       int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+void layernorm_forward(DType dt, const void* x, const void* w, const void* b, void* y, float* mean,
+                       float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
   check_sizes("layernorm_forward", rows, cols);
   dispatch_float(dt, "layernorm_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -373,8 +384,8 @@ void layernorm_forward(DType dt, const void* x, const void* w, const void* b, vo
     T* py = static_cast<T*>(y);
     constexpr int V = kVec16<T>;
     const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock));
-    const bool vec_ok = cols % V == 0 && aligned_to(px, 16) && aligned_to(py, 16) && aligned_to(pw, 16) &&
-                        aligned_to(pb, 16);
+    const bool vec_ok =
+        cols % V == 0 && aligned_to(px, 16) && aligned_to(py, 16) && aligned_to(pw, 16) && aligned_to(pb, 16);
     const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
     const bool launched = with_k<16>(k, [&](auto kc) {
       constexpr int K = decltype(kc)::value;
@@ -416,9 +427,11 @@ void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, 
              "cuda layernorm_backward: dy, x, mean and rstd must be non-null");
     if (dx == nullptr && pdw_out == nullptr && pdb_out == nullptr) return;
     const bool need_partials = pdw_out != nullptr || pdb_out != nullptr;
-    BT_CHECK(!need_partials || scratch != nullptr, "cuda layernorm_backward: dw/db requested but scratch is null ",
+    BT_CHECK(!need_partials || scratch != nullptr,
+             "cuda layernorm_backward: dw/db requested but scratch is null ",
              "(allocate layernorm_backward_scratch_floats(rows, cols) floats)");
-    BT_CHECK(!need_partials || aligned_to(scratch, 16), "cuda layernorm_backward: scratch must be 16-byte aligned");
+    BT_CHECK(!need_partials || aligned_to(scratch, 16),
+             "cuda layernorm_backward: scratch must be 16-byte aligned");
     const int64_t nparts = num_partials(rows);
     float* part_w = pdw_out ? scratch : nullptr;
     float* part_b = pdb_out ? scratch + nparts * cols : nullptr;
@@ -437,8 +450,8 @@ void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, 
           pdy, px, pw, mean, rstd, pdx, part_w, part_b, rows, static_cast<int>(cols), nparts);
     });
     if (!launched)
-      ln_bwd_generic_kernel<T><<<blocks, kThreads, 0, stream>>>(pdy, px, pw, mean, rstd, pdx, part_w, part_b,
-                                                                rows, cols, nparts);
+      ln_bwd_generic_kernel<T>
+          <<<blocks, kThreads, 0, stream>>>(pdy, px, pw, mean, rstd, pdx, part_w, part_b, rows, cols, nparts);
     BT_KERNEL_CHECK();
     const unsigned rblocks = static_cast<unsigned>(ceil_div(cols, 32));
     if (pdw_out) {

@@ -48,7 +48,7 @@ void fill_uniform(DType dt, void* dst, int64_t n, uint64_t seed, uint64_t offset
     BT_CHECK(dst != nullptr, "cuda fill_uniform: null buffer for ", n, " elements");
     constexpr int kThreads = 256;
     uniform_kernel<T><<<grid_stride_blocks(n, kThreads, 4), kThreads, 0, stream>>>(static_cast<T*>(dst), n,
-                                                                                    seed, offset, lo, hi);
+                                                                                   seed, offset, lo, hi);
     BT_KERNEL_CHECK();
   });
 }
@@ -62,7 +62,7 @@ void fill_normal(DType dt, void* dst, int64_t n, uint64_t seed, uint64_t offset,
     BT_CHECK(dst != nullptr, "cuda fill_normal: null buffer for ", n, " elements");
     constexpr int kThreads = 256;
     normal_kernel<T><<<grid_stride_blocks(n, kThreads, 4), kThreads, 0, stream>>>(static_cast<T*>(dst), n,
-                                                                                   seed, offset, mean, std);
+                                                                                  seed, offset, mean, std);
     BT_KERNEL_CHECK();
   });
 }

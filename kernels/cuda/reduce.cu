@@ -166,18 +166,19 @@ void launch_reduce(const T* in, T* out, int64_t outer, int64_t dim, int64_t inne
     if (dim <= 2048) {
       const int64_t blocks = ceil_div(outer, 8);
       BT_CHECK(blocks < INT_MAX, "cuda reduce_dim: too many rows (", outer, ")");
-      reduce_rows_warp_kernel<T, kOp><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, out, outer, dim,
-                                                                                         argmax);
+      reduce_rows_warp_kernel<T, kOp>
+          <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, out, outer, dim, argmax);
     } else {
       BT_CHECK(outer < INT_MAX, "cuda reduce_dim: too many rows (", outer, ")");
-      reduce_rows_block_kernel<T, kOp><<<static_cast<unsigned>(outer), 512, 0, stream>>>(in, out, dim, argmax);
+      reduce_rows_block_kernel<T, kOp>
+          <<<static_cast<unsigned>(outer), 512, 0, stream>>>(in, out, dim, argmax);
     }
   } else {
     const int64_t tiles = ceil_div(inner, 32);
     const int64_t blocks = tiles * outer;
     BT_CHECK(blocks < INT_MAX, "cuda reduce_dim: too many outputs (", outer, " x ", inner, ")");
-    reduce_inner_kernel<T, kOp><<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(in, out, outer, dim,
-                                                                                          inner, tiles, argmax);
+    reduce_inner_kernel<T, kOp><<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(
+        in, out, outer, dim, inner, tiles, argmax);
   }
   BT_KERNEL_CHECK();
 }
@@ -186,8 +187,8 @@ void launch_reduce(const T* in, T* out, int64_t outer, int64_t dim, int64_t inne
 
 void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
                 int64_t* argmax, cudaStream_t stream) {
-  BT_CHECK(outer >= 0 && dim >= 0 && inner >= 0, "cuda reduce_dim: negative size (outer ", outer, ", dim ", dim,
-           ", inner ", inner, ")");
+  BT_CHECK(outer >= 0 && dim >= 0 && inner >= 0, "cuda reduce_dim: negative size (outer ", outer, ", dim ",
+           dim, ", inner ", inner, ")");
   BT_CHECK(!(op == ReduceOp::Max && dim == 0 && outer * inner > 0),
            "cuda reduce_dim: max over an empty dimension has no value");
   dispatch_float(dt, "reduce_dim", [&](auto tag) {
@@ -197,9 +198,15 @@ void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer,
     const T* pin = static_cast<const T*>(in);
     T* pout = static_cast<T*>(out);
     switch (op) {
-      case ReduceOp::Sum: launch_reduce<T, ReduceOp::Sum>(pin, pout, outer, dim, inner, nullptr, stream); return;
-      case ReduceOp::Mean: launch_reduce<T, ReduceOp::Mean>(pin, pout, outer, dim, inner, nullptr, stream); return;
-      case ReduceOp::Max: launch_reduce<T, ReduceOp::Max>(pin, pout, outer, dim, inner, argmax, stream); return;
+      case ReduceOp::Sum:
+        launch_reduce<T, ReduceOp::Sum>(pin, pout, outer, dim, inner, nullptr, stream);
+        return;
+      case ReduceOp::Mean:
+        launch_reduce<T, ReduceOp::Mean>(pin, pout, outer, dim, inner, nullptr, stream);
+        return;
+      case ReduceOp::Max:
+        launch_reduce<T, ReduceOp::Max>(pin, pout, outer, dim, inner, argmax, stream);
+        return;
     }
     BT_FAIL("cuda reduce_dim: unknown op ", static_cast<int>(op));
   });

@@ -31,8 +31,8 @@ int grid_for(int64_t n, int threads) {
 
 template <typename T>
 void scatter_t(const void* src, void* dst, const StridedLayout& layout, int64_t n, cudaStream_t stream) {
-  strided_scatter_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const T*>(src), static_cast<T*>(dst),
-                                                                   layout, n);
+  strided_scatter_kernel<T>
+      <<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const T*>(src), static_cast<T*>(dst), layout, n);
   BT_KERNEL_CHECK();
 }
 
@@ -43,11 +43,16 @@ void strided_scatter(DType dt, const void* src, void* dst, const StridedLayout& 
   for (int d = 0; d < layout.ndim; ++d) n *= layout.shape[d];
   if (n == 0) return;
   switch (dtype_size(dt)) {
-    case 1: return scatter_t<uint8_t>(src, dst, layout, n, stream);
-    case 2: return scatter_t<uint16_t>(src, dst, layout, n, stream);
-    case 4: return scatter_t<uint32_t>(src, dst, layout, n, stream);
-    case 8: return scatter_t<uint64_t>(src, dst, layout, n, stream);
-    default: BT_FAIL("strided_scatter: unsupported dtype ", dt);
+    case 1:
+      return scatter_t<uint8_t>(src, dst, layout, n, stream);
+    case 2:
+      return scatter_t<uint16_t>(src, dst, layout, n, stream);
+    case 4:
+      return scatter_t<uint32_t>(src, dst, layout, n, stream);
+    case 8:
+      return scatter_t<uint64_t>(src, dst, layout, n, stream);
+    default:
+      BT_FAIL("strided_scatter: unsupported dtype ", dt);
   }
 }
 
@@ -64,7 +69,8 @@ void argmax_scatter(DType dt, const void* dy, const int64_t* argmax, void* dx, i
       argmax_scatter_kernel<uint16_t><<<grid_for(total, 256), 256, 0, stream>>>(
           static_cast<const uint16_t*>(dy), argmax, static_cast<uint16_t*>(dx), outer, dim, inner);
       break;
-    default: BT_FAIL("argmax_scatter: unsupported dtype ", dt, " on CUDA (f32, bf16)");
+    default:
+      BT_FAIL("argmax_scatter: unsupported dtype ", dt, " on CUDA (f32, bf16)");
   }
   BT_KERNEL_CHECK();
 }

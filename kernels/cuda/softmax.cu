@@ -34,8 +34,7 @@ __device__ __forceinline__ MaxSum block_combine(MaxSum v, float* sm, float* ss) 
 
 /// kWarp: one warp per row (blockDim 256 = 8 rows); else one block per row.
 template <typename T, bool kWarp>
-__global__ void softmax_fwd_kernel(const T* x, T* y, int64_t rows, int64_t cols,
-                                   bool log) {
+__global__ void softmax_fwd_kernel(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
   __shared__ float sm[33], ss[33];
   int64_t row;
   int tid, nthreads;
@@ -75,8 +74,7 @@ __global__ void softmax_fwd_kernel(const T* x, T* y, int64_t rows, int64_t cols,
 }
 
 template <typename T, bool kWarp>
-__global__ void softmax_bwd_kernel(const T* y, const T* dy, T* dx,
-                                   int64_t rows, int64_t cols, bool log) {
+__global__ void softmax_bwd_kernel(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, bool log) {
   __shared__ float sred[33];
   int64_t row;
   int tid, nthreads;
@@ -122,8 +120,8 @@ void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t col
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
     if (cols <= 1024)
-      softmax_fwd_kernel<T, true><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(px, py, rows,
-                                                                                               cols, log);
+      softmax_fwd_kernel<T, true>
+          <<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(px, py, rows, cols, log);
     else
       softmax_fwd_kernel<T, false><<<static_cast<unsigned>(rows), 512, 0, stream>>>(px, py, rows, cols, log);
     BT_KERNEL_CHECK();
@@ -141,11 +139,11 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
     const T* pdy = static_cast<const T*>(dy);
     T* pdx = static_cast<T*>(dx);
     if (cols <= 1024)
-      softmax_bwd_kernel<T, true><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(py, pdy, pdx,
-                                                                                               rows, cols, log);
+      softmax_bwd_kernel<T, true>
+          <<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(py, pdy, pdx, rows, cols, log);
     else
-      softmax_bwd_kernel<T, false><<<static_cast<unsigned>(rows), 512, 0, stream>>>(py, pdy, pdx, rows, cols,
-                                                                                   log);
+      softmax_bwd_kernel<T, false>
+          <<<static_cast<unsigned>(rows), 512, 0, stream>>>(py, pdy, pdx, rows, cols, log);
     BT_KERNEL_CHECK();
   });
 }

@@ -30,7 +30,7 @@ struct AllocatorStats {
   size_t reserved = 0;        // obtained from the backing allocator (cudaMalloc)
   size_t peak_allocated = 0;  // max of `allocated` since the last reset_peak
   size_t peak_reserved = 0;
-  uint64_t num_allocs = 0;          // allocate() calls
+  uint64_t num_allocs = 0;           // allocate() calls
   uint64_t num_backing_mallocs = 0;  // cudaMalloc calls
   uint64_t num_backing_frees = 0;    // cudaFree calls
   uint64_t num_oom_retries = 0;      // times the cache was flushed to retry

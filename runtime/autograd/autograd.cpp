@@ -99,8 +99,9 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined()) {
-    BT_CHECK(g.shape() == shape() && g.device() == device(), "set_grad: gradient of shape ", shape_str(g.shape()),
-             " on ", g.device(), " does not match the tensor's shape ", shape_str(shape()), " on ", device());
+    BT_CHECK(g.shape() == shape() && g.device() == device(), "set_grad: gradient of shape ",
+             shape_str(g.shape()), " on ", g.device(), " does not match the tensor's shape ",
+             shape_str(shape()), " on ", device());
   }
   autograd::meta(*this).grad = g;
 }
@@ -118,8 +119,10 @@ std::shared_ptr<Node> Tensor::grad_fn() const {
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   Tensor g = gradient;
   if (!g.defined()) {
-    BT_CHECK(numel() == 1, "backward(): a gradient can be created implicitly only for a scalar output, but this "
-             "tensor has shape ", shape_str(shape()), "; pass a gradient of the same shape");
+    BT_CHECK(numel() == 1,
+             "backward(): a gradient can be created implicitly only for a scalar output, but this "
+             "tensor has shape ",
+             shape_str(shape()), "; pass a gradient of the same shape");
     g = ones(shape(), options());
   }
   BT_CHECK(g.shape() == shape(), "backward(): gradient shape ", shape_str(g.shape()),
@@ -128,7 +131,8 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 }
 
 void Tensor::register_grad_ready_hook(std::function<void(const Tensor&)> hook) const {
-  BT_CHECK(is_leaf() && requires_grad(), "grad-ready hooks can only be registered on leaf tensors that require grad");
+  BT_CHECK(is_leaf() && requires_grad(),
+           "grad-ready hooks can only be registered on leaf tensors that require grad");
   autograd::meta(*this).grad_ready_hooks.push_back(std::move(hook));
 }
 

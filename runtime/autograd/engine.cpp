@@ -32,7 +32,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   std::vector<std::pair<Edge, Tensor>> root_edges;
   for (size_t i = 0; i < roots.size(); ++i) {
     Edge e = edge_of(roots[i]);
-    BT_CHECK(e.valid(), "backward(): the tensor does not require grad and has no grad_fn; call "
+    BT_CHECK(e.valid(),
+             "backward(): the tensor does not require grad and has no grad_fn; call "
              "requires_grad_() on the leaves you want gradients for before the forward pass");
     root_edges.emplace_back(e, grads[i]);
     if (deps.emplace(e.fn.get(), 0).second) stack.push_back(e.fn.get());

@@ -9,13 +9,13 @@ std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grads) {
   for (const Tensor& g : grads) any = any || g.defined();
   if (!any) return Grads(next_edges.size());
   Grads out = fn_(grads);
-  BT_ASSERT(out.size() == next_edges.size(), name_, " returned ", out.size(), " gradients for ", next_edges.size(),
-            " inputs");
+  BT_ASSERT(out.size() == next_edges.size(), name_, " returned ", out.size(), " gradients for ",
+            next_edges.size(), " inputs");
   return out;
 }
 
-void record(const char* name, std::initializer_list<const Tensor*> inputs, std::initializer_list<Tensor> outputs,
-            std::function<Grads(Grads&)> backward) {
+void record(const char* name, std::initializer_list<const Tensor*> inputs,
+            std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward) {
   auto node = std::make_shared<LambdaNode>(name, std::move(backward));
   for (const Tensor* t : inputs) node->next_edges.push_back(t && t->defined() ? edge_of(*t) : Edge{});
   node->num_outputs = static_cast<uint32_t>(outputs.size());

@@ -36,8 +36,8 @@ class LambdaNode : public Node {
 
 /// Connects `outputs` to a new LambdaNode over `inputs` (call only when
 /// any_requires_grad(inputs) is true).
-void record(const char* name, std::initializer_list<const Tensor*> inputs, std::initializer_list<Tensor> outputs,
-            std::function<Grads(Grads&)> backward);
+void record(const char* name, std::initializer_list<const Tensor*> inputs,
+            std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward);
 inline void record(const char* name, std::initializer_list<const Tensor*> inputs, const Tensor& output,
                    std::function<Grads(Grads&)> backward) {
   record(name, inputs, {output}, std::move(backward));

@@ -13,8 +13,8 @@ Tensor SavedTensor::unpack() const {
            "): its saved tensors were freed after the first backward. Pass retain_graph=true to the first "
            "backward() if you need to run backward twice");
   if (!data_.defined()) return data_;
-  BT_CHECK(data_.version() == version_, "a tensor saved by ", op_, " for backward was modified in place (version ",
-           version_, " at save, now ", data_.version(),
+  BT_CHECK(data_.version() == version_, "a tensor saved by ", op_,
+           " for backward was modified in place (version ", version_, " at save, now ", data_.version(),
            "). Use an out-of-place op, or clone() the tensor before modifying it");
   return data_;
 }

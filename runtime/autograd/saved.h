@@ -16,7 +16,10 @@ class SavedTensor {
   SavedTensor() = default;
   SavedTensor(const Tensor& t, const char* op);
   Tensor unpack() const;
-  void release() { data_ = Tensor(); released_ = true; }
+  void release() {
+    data_ = Tensor();
+    released_ = true;
+  }
   bool defined() const { return data_.defined() || released_; }
 
  private:

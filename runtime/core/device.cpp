@@ -44,12 +44,13 @@ bool cuda_available() { return cuda_device_count() > 0; }
 void check_device_usable(const Device& d) {
   if (d.is_cpu()) return;
 #ifndef BT_CUDA
-  BT_FAIL("device ", d, " requested but this BluTrain was built without CUDA; use device cpu or rebuild with nvcc");
+  BT_FAIL("device ", d,
+          " requested but this BluTrain was built without CUDA; use device cpu or rebuild with nvcc");
 #else
   const int n = cuda_device_count();
   BT_CHECK(n > 0, "device ", d, " requested but no CUDA device is visible; use device cpu");
-  BT_CHECK(d.index >= 0 && d.index < n, "device ", d, " does not exist: ", n, " CUDA device(s) visible (cuda:0..cuda:",
-           n - 1, ")");
+  BT_CHECK(d.index >= 0 && d.index < n, "device ", d, " does not exist: ", n,
+           " CUDA device(s) visible (cuda:0..cuda:", n - 1, ")");
 #endif
 }
 

@@ -21,9 +21,12 @@ Precision parse_precision(std::string_view s) {
 
 std::string_view precision_name(Precision p) {
   switch (p) {
-    case Precision::FP32: return "fp32";
-    case Precision::TF32: return "tf32";
-    case Precision::BF16: return "bf16";
+    case Precision::FP32:
+      return "fp32";
+    case Precision::TF32:
+      return "tf32";
+    case Precision::BF16:
+      return "bf16";
   }
   return "?";
 }

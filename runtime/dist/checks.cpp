@@ -12,8 +12,9 @@ void mpi_fail(int code, const char* call, const char* file, int line) {
 #ifdef BT_NCCL
 void nccl_fail(ncclResult_t r, const char* call, const char* file, int line) {
   const char* last = ncclGetLastError(nullptr);
-  throw Error(cat("NCCL error ", static_cast<int>(r), ": ", ncclGetErrorString(r), (last && *last) ? " (" : "",
-                  (last && *last) ? last : "", (last && *last) ? ")" : "", " in ", call, " at ", file, ":", line));
+  throw Error(cat("NCCL error ", static_cast<int>(r), ": ", ncclGetErrorString(r),
+                  (last && *last) ? " (" : "", (last && *last) ? last : "", (last && *last) ? ")" : "",
+                  " in ", call, " at ", file, ":", line));
 }
 #endif
 

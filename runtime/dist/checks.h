@@ -17,17 +17,17 @@ namespace bt::detail {
 }  // namespace bt::detail
 
 /// For MPI calls on communicators whose error handler is MPI_ERRORS_RETURN.
-#define BT_MPI_CHECK(call)                                                          \
-  do {                                                                              \
-    int bt_mpi_rc_ = (call);                                                        \
+#define BT_MPI_CHECK(call)                                                                        \
+  do {                                                                                            \
+    int bt_mpi_rc_ = (call);                                                                      \
     if (bt_mpi_rc_ != MPI_SUCCESS) ::bt::detail::mpi_fail(bt_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
 #ifdef BT_NCCL
-#define BT_NCCL_CHECK(call)                                                           \
-  do {                                                                                \
-    ncclResult_t bt_nccl_rc_ = (call);                                                \
-    if (bt_nccl_rc_ != ncclSuccess && bt_nccl_rc_ != ncclInProgress)                  \
-      ::bt::detail::nccl_fail(bt_nccl_rc_, #call, __FILE__, __LINE__);                \
+#define BT_NCCL_CHECK(call)                                            \
+  do {                                                                 \
+    ncclResult_t bt_nccl_rc_ = (call);                                 \
+    if (bt_nccl_rc_ != ncclSuccess && bt_nccl_rc_ != ncclInProgress)   \
+      ::bt::detail::nccl_fail(bt_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 #endif

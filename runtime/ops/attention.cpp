@@ -23,27 +23,34 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
     detail::check_dim("causal_attention", *t, "q/k/v", 4);
     detail::check_same_device("causal_attention", q_in, *t);
     detail::check_same_dtype("causal_attention", q_in, *t);
-    BT_CHECK(t->shape() == q_in.shape(), "causal_attention: q, k and v must have one shape [B, H, T, D]; got ",
-             shape_str(q_in.shape()), " and ", shape_str(t->shape()));
+    BT_CHECK(t->shape() == q_in.shape(),
+             "causal_attention: q, k and v must have one shape [B, H, T, D]; got ", shape_str(q_in.shape()),
+             " and ", shape_str(t->shape()));
   }
   detail::check_dtype("causal_attention", q_in, "q", {DType::F32, DType::F64, DType::BF16});
   Tensor q = bhtd(q_in), k = bhtd(k_in), v = bhtd(v_in);
   kernels::AttnShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
-  const float sc = static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(s.D, 1))));
+  const float sc =
+      static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(s.D, 1))));
   Tensor o = empty(q.shape(), q.options());
   Tensor lse = empty({s.B, s.H, s.T}, TensorOptions{DType::F32, q.device()});
   kernels::AttnForward f;
   f.dt = q.dtype();
   f.shape = s;
   f.scale = sc;
-  f.q = q.data_ptr(); f.sq = strides_of(q);
-  f.k = k.data_ptr(); f.sk = strides_of(k);
-  f.v = v.data_ptr(); f.sv = strides_of(v);
-  f.o = o.data_ptr(); f.so = strides_of(o);
+  f.q = q.data_ptr();
+  f.sq = strides_of(q);
+  f.k = k.data_ptr();
+  f.sk = strides_of(k);
+  f.v = v.data_ptr();
+  f.sv = strides_of(v);
+  f.o = o.data_ptr();
+  f.so = strides_of(o);
   f.lse = lse.data<float>();
   if (o.numel() > 0)
-    detail::on_device(q.device(), [&] { kernels::cpu::attention_forward(f); },
-                      BT_CUDA_LAMBDA(kernels::cuda::attention_forward(f, stream)));
+    detail::on_device(
+        q.device(), [&] { kernels::cpu::attention_forward(f); },
+        BT_CUDA_LAMBDA(kernels::cuda::attention_forward(f, stream)));
   if (autograd::any_requires_grad({&q_in, &k_in, &v_in}))
     autograd::record(
         "CausalAttentionBackward", {&q_in, &k_in, &v_in}, o,
@@ -52,27 +59,37 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
          sl = SavedTensor(lse, "causal_attention"), s, sc](autograd::Grads& g) -> autograd::Grads {
           Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), o = so.unpack(), lse = sl.unpack();
           Tensor dout = bhtd(g[0]);
-          Tensor dq = empty(q.shape(), q.options()), dk = empty(q.shape(), q.options()), dv = empty(q.shape(), q.options());
+          Tensor dq = empty(q.shape(), q.options()), dk = empty(q.shape(), q.options()),
+                 dv = empty(q.shape(), q.options());
           kernels::AttnBackward b;
           b.dt = q.dtype();
           b.shape = s;
           b.scale = sc;
-          b.q = q.data_ptr(); b.sq = strides_of(q);
-          b.k = k.data_ptr(); b.sk = strides_of(k);
-          b.v = v.data_ptr(); b.sv = strides_of(v);
-          b.o = o.data_ptr(); b.so = strides_of(o);
-          b.dout = dout.data_ptr(); b.sdo = strides_of(dout);
+          b.q = q.data_ptr();
+          b.sq = strides_of(q);
+          b.k = k.data_ptr();
+          b.sk = strides_of(k);
+          b.v = v.data_ptr();
+          b.sv = strides_of(v);
+          b.o = o.data_ptr();
+          b.so = strides_of(o);
+          b.dout = dout.data_ptr();
+          b.sdo = strides_of(dout);
           b.lse = lse.data<float>();
-          b.dq = dq.data_ptr(); b.sdq = strides_of(dq);
-          b.dk = dk.data_ptr(); b.sdk = strides_of(dk);
-          b.dv = dv.data_ptr(); b.sdv = strides_of(dv);
+          b.dq = dq.data_ptr();
+          b.sdq = strides_of(dq);
+          b.dk = dk.data_ptr();
+          b.sdk = strides_of(dk);
+          b.dv = dv.data_ptr();
+          b.sdv = strides_of(dv);
           if (q.numel() > 0)
             detail::on_device(
                 q.device(), [&] { kernels::cpu::attention_backward(b); },
-                BT_CUDA_LAMBDA(Tensor scratch = empty(
-                                   {static_cast<int64_t>(kernels::cuda::attention_backward_scratch_floats(s))},
-                                   TensorOptions{DType::F32, q.device()});
-                               kernels::cuda::attention_backward(b, scratch.data<float>(), stream)));
+                BT_CUDA_LAMBDA(
+                    Tensor scratch =
+                        empty({static_cast<int64_t>(kernels::cuda::attention_backward_scratch_floats(s))},
+                              TensorOptions{DType::F32, q.device()});
+                    kernels::cuda::attention_backward(b, scratch.data<float>(), stream)));
           return {dq, dk, dv};
         });
   return o;

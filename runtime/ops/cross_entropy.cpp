@@ -20,9 +20,11 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
   const int64_t ld = logits_in.size(-1);
   const int64_t rows = ld ? logits_in.numel() / ld : 0;
   if (vocab < 0) vocab = ld;
-  BT_CHECK(vocab > 0 && vocab <= ld, "cross_entropy: vocab ", vocab, " must be in [1, ", ld, "] (logits' last dim)");
+  BT_CHECK(vocab > 0 && vocab <= ld, "cross_entropy: vocab ", vocab, " must be in [1, ", ld,
+           "] (logits' last dim)");
   BT_CHECK(targets_in.numel() == rows, "cross_entropy: ", targets_in.numel(), " targets (shape ",
-           shape_str(targets_in.shape()), ") for ", rows, " rows of logits (shape ", shape_str(logits_in.shape()), ")");
+           shape_str(targets_in.shape()), ") for ", rows, " rows of logits (shape ",
+           shape_str(logits_in.shape()), ")");
   Tensor logits = logits_in.reshape({rows, ld}).contiguous();
   Tensor targets = targets_in.reshape({rows}).contiguous();
 
@@ -56,7 +58,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
                        // d(mean)/d(loss_row) = g / valid for every row (ignored rows get 0 in the kernel).
                        Tensor dloss = mul(g[0].to(DType::F32), inv).reshape({1}).expand({rows}).contiguous();
                        Tensor dlogits = empty(logits.shape(), logits.options());
-                       kernels::CrossEntropyArgs a{logits.dtype(), logits.data_ptr(), rows, vocab, ld,
+                       kernels::CrossEntropyArgs a{logits.dtype(),         logits.data_ptr(), rows, vocab, ld,
                                                    targets.data<int32_t>()};
                        detail::on_device(
                            logits.device(),
@@ -64,8 +66,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
                              kernels::cpu::cross_entropy_backward(a, lse.data<float>(), dloss.data<float>(),
                                                                   dlogits.data_ptr());
                            },
-                           BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_backward(a, lse.data<float>(), dloss.data<float>(),
-                                                                                dlogits.data_ptr(), stream)));
+                           BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_backward(
+                               a, lse.data<float>(), dloss.data<float>(), dlogits.data_ptr(), stream)));
                        return {dlogits.view(shape), Tensor()};
                      });
   return out;

@@ -3,8 +3,9 @@
 namespace bt::detail {
 
 void no_cuda() {
-  BT_FAIL("this BluTrain was built without CUDA, so CUDA tensors cannot be used; use device cpu or rebuild on a "
-          "machine with nvcc");
+  BT_FAIL(
+      "this BluTrain was built without CUDA, so CUDA tensors cannot be used; use device cpu or rebuild on a "
+      "machine with nvcc");
 }
 
 kernels::StridedLayout layout_of(const Tensor& t) { return broadcast_layout(t, t.shape()); }

@@ -9,9 +9,9 @@
 namespace bt {
 namespace {
 
+using autograd::Grads;
 using kernels::BinaryOp;
 using kernels::UnaryOp;
-using autograd::Grads;
 
 constexpr std::initializer_list<DType> kFloat = {DType::F32, DType::F64, DType::BF16};
 
@@ -25,8 +25,10 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, const char* nam
   Tensor y = empty(out_shape, a.options());
   const auto la = detail::broadcast_layout(a, out_shape), lb = detail::broadcast_layout(b, out_shape);
   detail::on_device(
-      a.device(), [&] { kernels::cpu::binary(op, a.dtype(), a.data_ptr(), la, b.data_ptr(), lb, y.data_ptr()); },
-      BT_CUDA_LAMBDA(kernels::cuda::binary(op, a.dtype(), a.data_ptr(), la, b.data_ptr(), lb, y.data_ptr(), stream)));
+      a.device(),
+      [&] { kernels::cpu::binary(op, a.dtype(), a.data_ptr(), la, b.data_ptr(), lb, y.data_ptr()); },
+      BT_CUDA_LAMBDA(
+          kernels::cuda::binary(op, a.dtype(), a.data_ptr(), la, b.data_ptr(), lb, y.data_ptr(), stream)));
   return y;
 }
 
@@ -37,7 +39,8 @@ Tensor unary_raw(UnaryOp op, const Tensor& a, double scalar, const char* name) {
   Tensor y = empty(x.shape(), x.options());
   detail::on_device(
       x.device(), [&] { kernels::cpu::unary(op, x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), scalar); },
-      BT_CUDA_LAMBDA(kernels::cuda::unary(op, x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), scalar, stream)));
+      BT_CUDA_LAMBDA(
+          kernels::cuda::unary(op, x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), scalar, stream)));
   return y;
 }
 
@@ -87,14 +90,14 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor y = binary_raw(BinaryOp::Div, a, b, "div");
   if (autograd::any_requires_grad({&a, &b}))
-    autograd::record("DivBackward", {&a, &b}, y,
-                     [sa = SavedTensor(a, "div"), sb = SavedTensor(b, "div"), rb = b.requires_grad()](Grads& g)
-                         -> Grads {
-                       Tensor a = sa.unpack(), b = sb.unpack();
-                       Tensor ga = sum_to(div(g[0], b), a.shape());
-                       Tensor gb = rb ? sum_to(neg(div(mul(g[0], a), mul(b, b))), b.shape()) : Tensor();
-                       return {ga, gb};
-                     });
+    autograd::record(
+        "DivBackward", {&a, &b}, y,
+        [sa = SavedTensor(a, "div"), sb = SavedTensor(b, "div"), rb = b.requires_grad()](Grads& g) -> Grads {
+          Tensor a = sa.unpack(), b = sb.unpack();
+          Tensor ga = sum_to(div(g[0], b), a.shape());
+          Tensor gb = rb ? sum_to(neg(div(mul(g[0], a), mul(b, b))), b.shape()) : Tensor();
+          return {ga, gb};
+        });
   return y;
 }
 

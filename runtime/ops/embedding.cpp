@@ -12,8 +12,10 @@ namespace {
 void check_indices_cuda(const Tensor& idx, int64_t num) {
 #ifdef BT_CUDA
   Tensor bad = empty({1}, TensorOptions{DType::I32, idx.device()});
-  detail::on_device(idx.device(), [] {}, BT_CUDA_LAMBDA(kernels::cuda::count_out_of_range(
-                                                           idx.data<int32_t>(), idx.numel(), num, bad.data<int>(), stream)));
+  detail::on_device(
+      idx.device(), [] {},
+      BT_CUDA_LAMBDA(
+          kernels::cuda::count_out_of_range(idx.data<int32_t>(), idx.numel(), num, bad.data<int>(), stream)));
   if (bad.item<int32_t>() == 0) return;
   const std::vector<int32_t> h = idx.to_vector<int32_t>();
   for (size_t i = 0; i < h.size(); ++i)
@@ -39,31 +41,35 @@ Tensor embedding(const Tensor& table_in, const Tensor& indices_in) {
   if (idx.is_cuda()) check_indices_cuda(idx, num);
   detail::on_device(
       table.device(),
-      [&] { kernels::cpu::embedding_forward(table.dtype(), table.data_ptr(), num, dim, idx.data<int32_t>(), n, out.data_ptr()); },
-      BT_CUDA_LAMBDA(kernels::cuda::embedding_forward(table.dtype(), table.data_ptr(), num, dim, idx.data<int32_t>(), n,
-                                                      out.data_ptr(), stream)));
+      [&] {
+        kernels::cpu::embedding_forward(table.dtype(), table.data_ptr(), num, dim, idx.data<int32_t>(), n,
+                                        out.data_ptr());
+      },
+      BT_CUDA_LAMBDA(kernels::cuda::embedding_forward(table.dtype(), table.data_ptr(), num, dim,
+                                                      idx.data<int32_t>(), n, out.data_ptr(), stream)));
   if (autograd::any_requires_grad({&table_in}))
-    autograd::record("EmbeddingBackward", {&table_in, nullptr}, out,
-                     [si = SavedTensor(idx, "embedding"), num, dim, n,
-                      opts = table.options()](autograd::Grads& g) -> autograd::Grads {
-                       Tensor idx = si.unpack();
-                       Tensor dout = g[0].contiguous();
-                       Tensor dtable = empty({num, dim}, opts);
-                       detail::on_device(
-                           dtable.device(),
-                           [&] {
-                             kernels::cpu::embedding_backward(dtable.dtype(), dout.data_ptr(), idx.data<int32_t>(), n, num,
-                                                              dim, dtable.data_ptr());
-                           },
-                           BT_CUDA_LAMBDA(Tensor scratch = empty(
-                                              {static_cast<int64_t>(kernels::cuda::embedding_backward_scratch_floats(num, dim))},
-                                              TensorOptions{DType::F32, dtable.device()});
-                                          kernels::cuda::embedding_backward(dtable.dtype(), dout.data_ptr(),
-                                                                            idx.data<int32_t>(), n, num, dim,
-                                                                            dtable.data_ptr(), scratch.data<float>(),
-                                                                            stream)));
-                       return {dtable, Tensor()};
-                     });
+    autograd::record(
+        "EmbeddingBackward", {&table_in, nullptr}, out,
+        [si = SavedTensor(idx, "embedding"), num, dim, n,
+         opts = table.options()](autograd::Grads& g) -> autograd::Grads {
+          Tensor idx = si.unpack();
+          Tensor dout = g[0].contiguous();
+          Tensor dtable = empty({num, dim}, opts);
+          detail::on_device(
+              dtable.device(),
+              [&] {
+                kernels::cpu::embedding_backward(dtable.dtype(), dout.data_ptr(), idx.data<int32_t>(), n, num,
+                                                 dim, dtable.data_ptr());
+              },
+              BT_CUDA_LAMBDA(
+                  Tensor scratch = empty(
+                      {static_cast<int64_t>(kernels::cuda::embedding_backward_scratch_floats(num, dim))},
+                      TensorOptions{DType::F32, dtable.device()});
+                  kernels::cuda::embedding_backward(dtable.dtype(), dout.data_ptr(), idx.data<int32_t>(), n,
+                                                    num, dim, dtable.data_ptr(), scratch.data<float>(),
+                                                    stream)));
+          return {dtable, Tensor()};
+        });
   return out;
 }
 

@@ -16,9 +16,10 @@ Tensor gelu(const Tensor& x_in) {
       x.device(), [&] { kernels::cpu::gelu_forward(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel()); },
       BT_CUDA_LAMBDA(kernels::cuda::gelu_forward(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), stream)));
   if (autograd::any_requires_grad({&x_in}))
-    autograd::record("GeluBackward", {&x_in}, y, [sx = SavedTensor(x, "gelu")](autograd::Grads& g) -> autograd::Grads {
-      return {gelu_backward(sx.unpack(), g[0])};
-    });
+    autograd::record("GeluBackward", {&x_in}, y,
+                     [sx = SavedTensor(x, "gelu")](autograd::Grads& g) -> autograd::Grads {
+                       return {gelu_backward(sx.unpack(), g[0])};
+                     });
   return y;
 }
 
@@ -30,9 +31,10 @@ Tensor gelu_backward(const Tensor& x_in, const Tensor& dy_in) {
   Tensor x = x_in.contiguous(), dy = dy_in.contiguous();
   Tensor dx = empty(x.shape(), x.options());
   detail::on_device(
-      x.device(), [&] { kernels::cpu::gelu_backward(x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(), x.numel()); },
-      BT_CUDA_LAMBDA(kernels::cuda::gelu_backward(x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(), x.numel(),
-                                                  stream)));
+      x.device(),
+      [&] { kernels::cpu::gelu_backward(x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(), x.numel()); },
+      BT_CUDA_LAMBDA(kernels::cuda::gelu_backward(x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                                  x.numel(), stream)));
   return dx;
 }
 

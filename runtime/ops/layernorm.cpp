@@ -34,13 +34,15 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
         kernels::cpu::layernorm_forward(x.dtype(), x.data_ptr(), wp, bp, y.data_ptr(), mean.data<float>(),
                                         rstd.data<float>(), R, C, e);
       },
-      BT_CUDA_LAMBDA(kernels::cuda::layernorm_forward(x.dtype(), x.data_ptr(), wp, bp, y.data_ptr(), mean.data<float>(),
-                                                      rstd.data<float>(), R, C, e, stream)));
+      BT_CUDA_LAMBDA(kernels::cuda::layernorm_forward(x.dtype(), x.data_ptr(), wp, bp, y.data_ptr(),
+                                                      mean.data<float>(), rstd.data<float>(), R, C, e,
+                                                      stream)));
   if (autograd::any_requires_grad({&x_in, &w_in, &b_in}))
     autograd::record(
         "LayerNormBackward", {&x_in, &w_in, &b_in}, y,
-        [sx = SavedTensor(x, "layer_norm"), sw = SavedTensor(w, "layer_norm"), sm = SavedTensor(mean, "layer_norm"),
-         sr = SavedTensor(rstd, "layer_norm"), has_b = b.defined(), R, C](autograd::Grads& g) -> autograd::Grads {
+        [sx = SavedTensor(x, "layer_norm"), sw = SavedTensor(w, "layer_norm"),
+         sm = SavedTensor(mean, "layer_norm"), sr = SavedTensor(rstd, "layer_norm"), has_b = b.defined(), R,
+         C](autograd::Grads& g) -> autograd::Grads {
           Tensor x = sx.unpack(), w = sw.unpack(), mean = sm.unpack(), rstd = sr.unpack();
           Tensor dy = g[0].contiguous();
           Tensor dx = empty(x.shape(), x.options());
@@ -52,15 +54,17 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
           detail::on_device(
               x.device(),
               [&] {
-                kernels::cpu::layernorm_backward(x.dtype(), dy.data_ptr(), x.data_ptr(), wp, mean.data<float>(),
-                                                 rstd.data<float>(), dx.data_ptr(), dwp, dbp, R, C);
+                kernels::cpu::layernorm_backward(x.dtype(), dy.data_ptr(), x.data_ptr(), wp,
+                                                 mean.data<float>(), rstd.data<float>(), dx.data_ptr(), dwp,
+                                                 dbp, R, C);
               },
-              BT_CUDA_LAMBDA(Tensor scratch = empty(
-                                 {static_cast<int64_t>(kernels::cuda::layernorm_backward_scratch_floats(R, C))},
-                                 TensorOptions{DType::F32, x.device()});
-                             kernels::cuda::layernorm_backward(x.dtype(), dy.data_ptr(), x.data_ptr(), wp,
-                                                               mean.data<float>(), rstd.data<float>(), dx.data_ptr(),
-                                                               dwp, dbp, R, C, scratch.data<float>(), stream)));
+              BT_CUDA_LAMBDA(
+                  Tensor scratch =
+                      empty({static_cast<int64_t>(kernels::cuda::layernorm_backward_scratch_floats(R, C))},
+                            TensorOptions{DType::F32, x.device()});
+                  kernels::cuda::layernorm_backward(x.dtype(), dy.data_ptr(), x.data_ptr(), wp,
+                                                    mean.data<float>(), rstd.data<float>(), dx.data_ptr(),
+                                                    dwp, dbp, R, C, scratch.data<float>(), stream)));
           return {dx, dw, db};
         });
   return y;

@@ -63,7 +63,8 @@ MatOperand operand(const Tensor& t_in) {
 void run_gemm(kernels::GemmArgs& g, const Device& d) {
   if (g.m == 0 || g.n == 0) return;
   g.allow_tf32 = precision() == Precision::TF32;
-  detail::on_device(d, [&] { kernels::cpu::gemm(g); }, BT_CUDA_LAMBDA(kernels::cuda::gemm(g, stream)));
+  detail::on_device(
+      d, [&] { kernels::cpu::gemm(g); }, BT_CUDA_LAMBDA(kernels::cuda::gemm(g, stream)));
 }
 
 constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
@@ -82,7 +83,8 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
   const Shape batch(a.shape().begin(), a.shape().end() - 2);
   if (b.dim() > 2) {
     const Shape bb(b.shape().begin(), b.shape().end() - 2);
-    BT_CHECK(bb == batch, "matmul: batch dimensions differ: ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
+    BT_CHECK(bb == batch, "matmul: batch dimensions differ: ", shape_str(a.shape()), " vs ",
+             shape_str(b.shape()));
   }
   Shape out_shape = batch;
   out_shape.push_back(M);
@@ -130,20 +132,21 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor y = matmul_raw(a, b);
   if (autograd::any_requires_grad({&a, &b}))
-    autograd::record("MatmulBackward", {&a, &b}, y,
-                     [sa = SavedTensor(a, "matmul"), sb = SavedTensor(b, "matmul"), ra = a.requires_grad(),
-                      rb = b.requires_grad()](Grads& g) -> Grads {
-                       Tensor a = sa.unpack(), b = sb.unpack();
-                       Tensor ga, gb;
-                       if (ra) ga = matmul_raw(g[0], b.transpose(-1, -2));
-                       if (rb) {
-                         if (b.dim() == 2 && a.dim() > 2)
-                           gb = matmul_raw(a.reshape({-1, a.size(-1)}).t(), g[0].reshape({-1, g[0].size(-1)}));
-                         else
-                           gb = matmul_raw(a.transpose(-1, -2), g[0]);
-                       }
-                       return {ga, gb};
-                     });
+    autograd::record(
+        "MatmulBackward", {&a, &b}, y,
+        [sa = SavedTensor(a, "matmul"), sb = SavedTensor(b, "matmul"), ra = a.requires_grad(),
+         rb = b.requires_grad()](Grads& g) -> Grads {
+          Tensor a = sa.unpack(), b = sb.unpack();
+          Tensor ga, gb;
+          if (ra) ga = matmul_raw(g[0], b.transpose(-1, -2));
+          if (rb) {
+            if (b.dim() == 2 && a.dim() > 2)
+              gb = matmul_raw(a.reshape({-1, a.size(-1)}).t(), g[0].reshape({-1, g[0].size(-1)}));
+            else
+              gb = matmul_raw(a.transpose(-1, -2), g[0]);
+          }
+          return {ga, gb};
+        });
   return y;
 }
 
@@ -155,7 +158,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   detail::check_dtype("linear", x, "x", kGemmTypes);
   detail::check_dim("linear", w, "weight", 2);
   BT_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input features ", x.dim() ? x.size(-1) : 0,
-           " (x shape ", shape_str(x.shape()), ") do not match weight shape ", shape_str(w.shape()), " [out, in]");
+           " (x shape ", shape_str(x.shape()), ") do not match weight shape ", shape_str(w.shape()),
+           " [out, in]");
   if (bias.defined()) {
     detail::check_same_device("linear", x, bias);
     detail::check_same_dtype("linear", x, bias);
@@ -184,8 +188,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
     g.c = y.data_ptr();
     g.ldc = out;
     g.bias = bc.defined() ? bc.data_ptr() : nullptr;
-    g.epilogue = act == Activation::Gelu ? (bc.defined() ? kernels::Epilogue::BiasGelu : kernels::Epilogue::Gelu)
-                                         : (bc.defined() ? kernels::Epilogue::Bias : kernels::Epilogue::None);
+    g.epilogue = act == Activation::Gelu
+                     ? (bc.defined() ? kernels::Epilogue::BiasGelu : kernels::Epilogue::Gelu)
+                     : (bc.defined() ? kernels::Epilogue::Bias : kernels::Epilogue::None);
     g.pre_gelu = pre.defined() ? pre.data_ptr() : nullptr;
     if (in == 0) {
       y.zero_();

@@ -14,6 +14,7 @@ enum class Activation { None, Gelu };
 
 /// y = act(x @ w^T + bias) with x [..., in], w [out, in], bias [out] (optional).
 /// The bias and GELU run as GEMM epilogues (cuBLASLt) on CUDA.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), Activation act = Activation::None);
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
+              Activation act = Activation::None);
 
 }  // namespace bt

@@ -23,9 +23,12 @@ struct Split {
 Split split_at(const Shape& s, int d) {
   Split p;
   for (int i = 0; i < static_cast<int>(s.size()); ++i) {
-    if (i < d) p.outer *= s[i];
-    else if (i == d) p.dim = s[i];
-    else p.inner *= s[i];
+    if (i < d)
+      p.outer *= s[i];
+    else if (i == d)
+      p.dim = s[i];
+    else
+      p.inner *= s[i];
   }
   return p;
 }
@@ -45,9 +48,12 @@ Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax) {
     am = argmax->data<int64_t>();
   }
   detail::on_device(
-      x.device(), [&] { kernels::cpu::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am); },
-      BT_CUDA_LAMBDA(kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am,
-                                               stream)));
+      x.device(),
+      [&] {
+        kernels::cpu::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am);
+      },
+      BT_CUDA_LAMBDA(kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim,
+                                               p.inner, am, stream)));
   return y;
 }
 
@@ -94,11 +100,12 @@ Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepd
     for (int d : dims) count *= x.shape()[d];
     Shape kept = x.shape();
     for (int d : dims) kept[d] = 1;
-    autograd::record(mean ? "MeanBackward" : "SumBackward", {&x}, y,
-                     [kept, xs = x.shape(), scale = mean ? 1.0 / std::max<int64_t>(count, 1) : 1.0](Grads& g) -> Grads {
-                       Tensor gi = g[0].reshape(kept).expand(xs).contiguous();
-                       return {scale == 1.0 ? gi : mul(gi, scale)};
-                     });
+    autograd::record(
+        mean ? "MeanBackward" : "SumBackward", {&x}, y,
+        [kept, xs = x.shape(), scale = mean ? 1.0 / std::max<int64_t>(count, 1) : 1.0](Grads& g) -> Grads {
+          Tensor gi = g[0].reshape(kept).expand(xs).contiguous();
+          return {scale == 1.0 ? gi : mul(gi, scale)};
+        });
   }
   return y;
 }
@@ -111,9 +118,13 @@ std::vector<int64_t> all_dims(const Tensor& x) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return sum_impl(x, dims, keepdim, false); }
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return sum_impl(x, dims, keepdim, false);
+}
 Tensor sum(const Tensor& x) { return sum_impl(x, all_dims(x), false, false); }
-Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return sum_impl(x, dims, keepdim, true); }
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return sum_impl(x, dims, keepdim, true);
+}
 Tensor mean(const Tensor& x) { return sum_impl(x, all_dims(x), false, true); }
 
 Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
@@ -124,23 +135,23 @@ Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
   Shape kept = y.shape();
   if (!keepdim) y = y.detach().reshape(drop_dims(x.shape(), {d}));
   if (autograd::any_requires_grad({&x}))
-    autograd::record("MaxBackward", {&x}, y,
-                     [kept, xs = x.shape(), d, argmax = SavedTensor(argmax, "max")](Grads& g) -> Grads {
-                       Tensor dy = g[0].reshape(kept).contiguous();
-                       Tensor am = argmax.unpack();
-                       Tensor dx = empty(xs, dy.options());
-                       const Split p = split_at(xs, d);
-                       detail::on_device(
-                           dx.device(),
-                           [&] {
-                             kernels::cpu::argmax_scatter(dx.dtype(), dy.data_ptr(), am.data<int64_t>(), dx.data_ptr(),
-                                                          p.outer, p.dim, p.inner);
-                           },
-                           BT_CUDA_LAMBDA(kernels::cuda::argmax_scatter(dx.dtype(), dy.data_ptr(), am.data<int64_t>(),
-                                                                        dx.data_ptr(), p.outer, p.dim, p.inner,
-                                                                        stream)));
-                       return {dx};
-                     });
+    autograd::record(
+        "MaxBackward", {&x}, y,
+        [kept, xs = x.shape(), d, argmax = SavedTensor(argmax, "max")](Grads& g) -> Grads {
+          Tensor dy = g[0].reshape(kept).contiguous();
+          Tensor am = argmax.unpack();
+          Tensor dx = empty(xs, dy.options());
+          const Split p = split_at(xs, d);
+          detail::on_device(
+              dx.device(),
+              [&] {
+                kernels::cpu::argmax_scatter(dx.dtype(), dy.data_ptr(), am.data<int64_t>(), dx.data_ptr(),
+                                             p.outer, p.dim, p.inner);
+              },
+              BT_CUDA_LAMBDA(kernels::cuda::argmax_scatter(dx.dtype(), dy.data_ptr(), am.data<int64_t>(),
+                                                           dx.data_ptr(), p.outer, p.dim, p.inner, stream)));
+          return {dx};
+        });
   return y;
 }
 

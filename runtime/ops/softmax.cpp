@@ -15,8 +15,10 @@ Tensor rows_forward(const Tensor& x, bool log) {
   Tensor y = empty(x.shape(), x.options());
   const int64_t cols = x.dim() ? x.size(-1) : 1, rows = cols ? x.numel() / cols : 0;
   detail::on_device(
-      x.device(), [&] { kernels::cpu::softmax_forward(x.dtype(), x.data_ptr(), y.data_ptr(), rows, cols, log); },
-      BT_CUDA_LAMBDA(kernels::cuda::softmax_forward(x.dtype(), x.data_ptr(), y.data_ptr(), rows, cols, log, stream)));
+      x.device(),
+      [&] { kernels::cpu::softmax_forward(x.dtype(), x.data_ptr(), y.data_ptr(), rows, cols, log); },
+      BT_CUDA_LAMBDA(
+          kernels::cuda::softmax_forward(x.dtype(), x.data_ptr(), y.data_ptr(), rows, cols, log, stream)));
   return y;
 }
 
@@ -26,9 +28,12 @@ Tensor rows_backward(const Tensor& y, const Tensor& dy_in, bool log) {
   const int64_t cols = y.dim() ? y.size(-1) : 1, rows = cols ? y.numel() / cols : 0;
   detail::on_device(
       y.device(),
-      [&] { kernels::cpu::softmax_backward(y.dtype(), y.data_ptr(), dy.data_ptr(), dx.data_ptr(), rows, cols, log); },
-      BT_CUDA_LAMBDA(kernels::cuda::softmax_backward(y.dtype(), y.data_ptr(), dy.data_ptr(), dx.data_ptr(), rows, cols,
-                                                     log, stream)));
+      [&] {
+        kernels::cpu::softmax_backward(y.dtype(), y.data_ptr(), dy.data_ptr(), dx.data_ptr(), rows, cols,
+                                       log);
+      },
+      BT_CUDA_LAMBDA(kernels::cuda::softmax_backward(y.dtype(), y.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                                     rows, cols, log, stream)));
   return dx;
 }
 

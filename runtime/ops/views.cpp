@@ -40,8 +40,8 @@ Shape infer_shape(Shape shape, int64_t numel, const Shape& from) {
              " elements) into ", shape_str(shape));
     shape[infer] = numel / known;
   }
-  BT_CHECK(shape_numel(shape) == numel, "reshape: cannot reshape ", shape_str(from), " (", numel, " elements) into ",
-           shape_str(shape), " (", shape_numel(shape), " elements)");
+  BT_CHECK(shape_numel(shape) == numel, "reshape: cannot reshape ", shape_str(from), " (", numel,
+           " elements) into ", shape_str(shape), " (", shape_numel(shape), " elements)");
   return shape;
 }
 
@@ -88,9 +88,9 @@ void record_reshape(const Tensor& x, const Tensor& y, const char* name) {
 Tensor Tensor::view(const Shape& shape_in) const {
   const Shape shape = infer_shape(shape_in, numel(), this->shape());
   Shape st;
-  BT_CHECK(view_strides(this->shape(), strides(), shape, st), "view: a tensor of shape ", shape_str(this->shape()),
-           " with strides ", shape_str(strides()), " cannot be viewed as ", shape_str(shape),
-           " without a copy; use reshape() (copies when needed) or contiguous() first");
+  BT_CHECK(view_strides(this->shape(), strides(), shape, st), "view: a tensor of shape ",
+           shape_str(this->shape()), " with strides ", shape_str(strides()), " cannot be viewed as ",
+           shape_str(shape), " without a copy; use reshape() (copies when needed) or contiguous() first");
   Tensor y = make_view(*this, shape, st, offset());
   record_reshape(*this, y, "ViewBackward");
   return y;
@@ -120,7 +120,8 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
 }
 
 Tensor Tensor::permute(const std::vector<int>& dims) const {
-  BT_CHECK(static_cast<int>(dims.size()) == dim(), "permute: got ", dims.size(), " dims for a tensor with ", dim());
+  BT_CHECK(static_cast<int>(dims.size()) == dim(), "permute: got ", dims.size(), " dims for a tensor with ",
+           dim());
   Shape sh(dim()), st(dim());
   std::vector<int> inv(dim(), -1);
   for (int i = 0; i < dim(); ++i) {
@@ -166,15 +167,16 @@ Tensor Tensor::slice(int64_t dim_in, int64_t start, int64_t end, int64_t step) c
 
 Tensor Tensor::narrow(int64_t dim_in, int64_t start, int64_t length) const {
   const int d = normalize_dim(dim_in, dim(), "narrow");
-  BT_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d], "narrow: range [", start, ", ", start + length,
-           ") is out of bounds for dimension ", d, " of size ", shape()[d]);
+  BT_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d], "narrow: range [", start, ", ",
+           start + length, ") is out of bounds for dimension ", d, " of size ", shape()[d]);
   return slice(d, start, start + length);
 }
 
 Tensor Tensor::select(int64_t dim_in, int64_t index) const {
   const int d = normalize_dim(dim_in, dim(), "select");
   const int64_t n = shape()[d];
-  BT_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ", n);
+  BT_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d,
+           " of size ", n);
   if (index < 0) index += n;
   return slice(d, index, index + 1).squeeze(d);
 }
@@ -195,8 +197,8 @@ Tensor Tensor::squeeze(int64_t dim_in) const {
 }
 
 Tensor Tensor::expand(const Shape& target) const {
-  BT_CHECK(target.size() >= shape().size(), "expand: cannot expand shape ", shape_str(shape()), " to fewer dims ",
-           shape_str(target));
+  BT_CHECK(target.size() >= shape().size(), "expand: cannot expand shape ", shape_str(shape()),
+           " to fewer dims ", shape_str(target));
   const size_t lead = target.size() - shape().size();
   Shape sh(target.size()), st(target.size());
   for (size_t i = 0; i < target.size(); ++i) {
@@ -209,14 +211,15 @@ Tensor Tensor::expand(const Shape& target) const {
     }
     const int64_t have = shape()[i - lead];
     const int64_t w = want == -1 ? have : want;
-    BT_CHECK(have == w || have == 1, "expand: cannot expand shape ", shape_str(shape()), " to ", shape_str(target),
-             " (dimension ", i, ": ", have, " -> ", w, ")");
+    BT_CHECK(have == w || have == 1, "expand: cannot expand shape ", shape_str(shape()), " to ",
+             shape_str(target), " (dimension ", i, ": ", have, " -> ", w, ")");
     sh[i] = w;
     st[i] = have == w ? strides()[i - lead] : 0;
   }
   Tensor y = make_view(*this, sh, st, offset());
   if (autograd::any_requires_grad({this}))
-    autograd::record("ExpandBackward", {this}, y, [xs = shape()](Grads& g) -> Grads { return {sum_to(g[0], xs)}; });
+    autograd::record("ExpandBackward", {this}, y,
+                     [xs = shape()](Grads& g) -> Grads { return {sum_to(g[0], xs)}; });
   return y;
 }
 

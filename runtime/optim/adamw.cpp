@@ -11,8 +11,8 @@ namespace bt {
 
 AdamW::AdamW(std::vector<Group> groups, const AdamWOptions& opts) : opts_(opts) {
   BT_CHECK(opts.lr >= 0, "AdamW: learning rate must be >= 0, got ", opts.lr);
-  BT_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
-           opts.beta1, ", ", opts.beta2, ")");
+  BT_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1,
+           "AdamW: betas must be in [0, 1), got (", opts.beta1, ", ", opts.beta2, ")");
   BT_CHECK(opts.eps > 0, "AdamW: eps must be > 0, got ", opts.eps);
   for (Group& g : groups)
     for (Tensor& p : g.params) {
@@ -36,8 +36,8 @@ void AdamW::step(double grad_scale) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
     g = g.contiguous();
-    BT_CHECK(g.shape() == s.param.shape(), "AdamW: gradient shape ", shape_str(g.shape()), " does not match parameter ",
-             shape_str(s.param.shape()));
+    BT_CHECK(g.shape() == s.param.shape(), "AdamW: gradient shape ", shape_str(g.shape()),
+             " does not match parameter ", shape_str(s.param.shape()));
     kernels::AdamWArgs a;
     a.param = s.param.data<float>();
     a.grad = g.data_ptr();
@@ -53,8 +53,8 @@ void AdamW::step(double grad_scale) {
     a.bias1 = bias1;
     a.bias2 = bias2;
     a.grad_scale = static_cast<float>(grad_scale);
-    detail::on_device(s.param.device(), [&] { kernels::cpu::adamw(a); },
-                      BT_CUDA_LAMBDA(kernels::cuda::adamw(a, stream)));
+    detail::on_device(
+        s.param.device(), [&] { kernels::cpu::adamw(a); }, BT_CUDA_LAMBDA(kernels::cuda::adamw(a, stream)));
     s.param.bump_version();
   }
 }

@@ -1,6 +1,7 @@
 // Copies: contiguous(), clone(), dtype casts, transfers between devices, and
 // the in-place writes (copy_, fill_, add_, mul_).
 #include "kernels/copy.h"
+
 #include "kernels/elementwise.h"
 #include "kernels/scatter.h"
 #include "runtime/autograd/function.h"
@@ -23,8 +24,10 @@ Tensor copy_as(const Tensor& src, DType dt) {
   if (src.numel() == 0) return out;
   const auto layout = detail::layout_of(src);
   detail::on_device(
-      src.device(), [&] { kernels::cpu::strided_copy(src.dtype(), src.data_ptr(), layout, dt, out.data_ptr()); },
-      BT_CUDA_LAMBDA(kernels::cuda::strided_copy(src.dtype(), src.data_ptr(), layout, dt, out.data_ptr(), stream)));
+      src.device(),
+      [&] { kernels::cpu::strided_copy(src.dtype(), src.data_ptr(), layout, dt, out.data_ptr()); },
+      BT_CUDA_LAMBDA(
+          kernels::cuda::strided_copy(src.dtype(), src.data_ptr(), layout, dt, out.data_ptr(), stream)));
   return out;
 }
 
@@ -42,20 +45,25 @@ Tensor transfer(const Tensor& src, const Device& dst, bool non_blocking) {
     auto cs = static_cast<cudaStream_t>(s.handle());
     BT_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), src.data_ptr(), bytes, cudaMemcpyHostToDevice, cs));
     if (src.is_pinned()) {
-      if (non_blocking) pinned_allocator().record_stream(src.impl()->storage->data, s);
-      else BT_CUDA_CHECK(cudaStreamSynchronize(cs));
+      if (non_blocking)
+        pinned_allocator().record_stream(src.impl()->storage->data, s);
+      else
+        BT_CUDA_CHECK(cudaStreamSynchronize(cs));
     }
   } else if (src.is_cuda() && dst.is_cpu()) {
     DeviceGuard g(src.device());
     Stream s = Stream::current(src.device());
     auto cs = static_cast<cudaStream_t>(s.handle());
     BT_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToHost, cs));
-    if (pinned_out) pinned_allocator().record_stream(out.impl()->storage->data, s);
-    else BT_CUDA_CHECK(cudaStreamSynchronize(cs));
+    if (pinned_out)
+      pinned_allocator().record_stream(out.impl()->storage->data, s);
+    else
+      BT_CUDA_CHECK(cudaStreamSynchronize(cs));
   } else {
     DeviceGuard g(src.device());
     auto cs = static_cast<cudaStream_t>(Stream::current(src.device()).handle());
-    BT_CUDA_CHECK(cudaMemcpyPeerAsync(out.data_ptr(), dst.index, src.data_ptr(), src.device().index, bytes, cs));
+    BT_CUDA_CHECK(
+        cudaMemcpyPeerAsync(out.data_ptr(), dst.index, src.data_ptr(), src.device().index, bytes, cs));
     BT_CUDA_CHECK(cudaStreamSynchronize(cs));
   }
 #else
@@ -67,7 +75,8 @@ Tensor transfer(const Tensor& src, const Device& dst, bool non_blocking) {
 void check_inplace(const Tensor& t, const char* op) {
   BT_CHECK(t.defined(), op, ": the tensor is undefined");
   if (!GradMode::enabled() || !t.requires_grad()) return;
-  BT_CHECK(!t.is_leaf(), op, ": a leaf tensor that requires grad cannot be modified in place while grad mode is on; "
+  BT_CHECK(!t.is_leaf(), op,
+           ": a leaf tensor that requires grad cannot be modified in place while grad mode is on; "
            "do it inside a NoGradGuard (e.g. an optimizer step), or detach() it");
   BT_FAIL(op, ": in-place modification of a tensor that is part of the autograd graph (output of ",
           t.grad_fn()->name(), ") is not supported; use the out-of-place op");
@@ -78,15 +87,18 @@ void write_into(const Tensor& dst, const Tensor& src) {
   if (dst.is_contiguous()) {
     const auto layout = detail::layout_of(src);
     detail::on_device(
-        dst.device(), [&] { kernels::cpu::strided_copy(src.dtype(), src.data_ptr(), layout, dst.dtype(), dst.data_ptr()); },
-        BT_CUDA_LAMBDA(kernels::cuda::strided_copy(src.dtype(), src.data_ptr(), layout, dst.dtype(), dst.data_ptr(),
-                                                   stream)));
+        dst.device(),
+        [&] { kernels::cpu::strided_copy(src.dtype(), src.data_ptr(), layout, dst.dtype(), dst.data_ptr()); },
+        BT_CUDA_LAMBDA(kernels::cuda::strided_copy(src.dtype(), src.data_ptr(), layout, dst.dtype(),
+                                                   dst.data_ptr(), stream)));
     return;
   }
   const auto layout = detail::layout_of(dst);
   detail::on_device(
-      dst.device(), [&] { kernels::cpu::strided_scatter(dst.dtype(), src.data_ptr(), dst.data_ptr(), layout); },
-      BT_CUDA_LAMBDA(kernels::cuda::strided_scatter(dst.dtype(), src.data_ptr(), dst.data_ptr(), layout, stream)));
+      dst.device(),
+      [&] { kernels::cpu::strided_scatter(dst.dtype(), src.data_ptr(), dst.data_ptr(), layout); },
+      BT_CUDA_LAMBDA(
+          kernels::cuda::strided_scatter(dst.dtype(), src.data_ptr(), dst.data_ptr(), layout, stream)));
 }
 
 }  // namespace
@@ -111,7 +123,8 @@ Tensor Tensor::to(DType t) const {
   Tensor y = copy_as(*this, t);
   if (autograd::any_requires_grad({this})) {
     BT_CHECK(is_floating(t), "to(", t, "): a tensor that requires grad can only be cast to a floating dtype");
-    autograd::record("ToDTypeBackward", {this}, y, [src = dtype()](Grads& g) -> Grads { return {g[0].to(src)}; });
+    autograd::record("ToDTypeBackward", {this}, y,
+                     [src = dtype()](Grads& g) -> Grads { return {g[0].to(src)}; });
   }
   return y;
 }
@@ -121,7 +134,8 @@ Tensor Tensor::to(const Device& d, bool non_blocking) const {
   check_device_usable(d);
   Tensor y = transfer(contiguous().detach(), d, non_blocking);
   if (autograd::any_requires_grad({this}))
-    autograd::record("ToDeviceBackward", {this}, y, [src = device()](Grads& g) -> Grads { return {g[0].to(src)}; });
+    autograd::record("ToDeviceBackward", {this}, y,
+                     [src = device()](Grads& g) -> Grads { return {g[0].to(src)}; });
   return y;
 }
 
@@ -169,9 +183,12 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     broadcast_shapes(shape(), o.shape(), "add_");
     const auto la = detail::layout_of(*this), lb = detail::broadcast_layout(o, shape());
     detail::on_device(
-        device(), [&] { kernels::cpu::binary(kernels::BinaryOp::Add, dtype(), data_ptr(), la, o.data_ptr(), lb, data_ptr()); },
-        BT_CUDA_LAMBDA(kernels::cuda::binary(kernels::BinaryOp::Add, dtype(), data_ptr(), la, o.data_ptr(), lb,
-                                             data_ptr(), stream)));
+        device(),
+        [&] {
+          kernels::cpu::binary(kernels::BinaryOp::Add, dtype(), data_ptr(), la, o.data_ptr(), lb, data_ptr());
+        },
+        BT_CUDA_LAMBDA(kernels::cuda::binary(kernels::BinaryOp::Add, dtype(), data_ptr(), la, o.data_ptr(),
+                                             lb, data_ptr(), stream)));
     bump_version();
     return *this;
   }
@@ -182,9 +199,12 @@ Tensor& Tensor::mul_(double factor) {
   check_inplace(*this, "mul_");
   if (is_contiguous()) {
     detail::on_device(
-        device(), [&] { kernels::cpu::unary(kernels::UnaryOp::MulScalar, dtype(), data_ptr(), data_ptr(), numel(), factor); },
-        BT_CUDA_LAMBDA(kernels::cuda::unary(kernels::UnaryOp::MulScalar, dtype(), data_ptr(), data_ptr(), numel(),
-                                            factor, stream)));
+        device(),
+        [&] {
+          kernels::cpu::unary(kernels::UnaryOp::MulScalar, dtype(), data_ptr(), data_ptr(), numel(), factor);
+        },
+        BT_CUDA_LAMBDA(kernels::cuda::unary(kernels::UnaryOp::MulScalar, dtype(), data_ptr(), data_ptr(),
+                                            numel(), factor, stream)));
     bump_version();
     return *this;
   }

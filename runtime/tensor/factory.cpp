@@ -17,16 +17,18 @@ Tensor finish(Tensor t, const TensorOptions& opts) {
 }  // namespace
 
 Tensor empty(const Shape& shape, const TensorOptions& opts) {
-  for (int64_t d : shape) BT_CHECK(d >= 0, "cannot create a tensor with negative size in shape ", shape_str(shape));
+  for (int64_t d : shape)
+    BT_CHECK(d >= 0, "cannot create a tensor with negative size in shape ", shape_str(shape));
   check_device_usable(opts.device);
-  BT_CHECK(!opts.pinned || opts.device.is_cpu(), "pinned memory is host memory; use device cpu with pinned=true");
+  BT_CHECK(!opts.pinned || opts.device.is_cpu(),
+           "pinned memory is host memory; use device cpu with pinned=true");
   auto impl = std::make_shared<TensorImpl>();
   impl->dtype = opts.dtype;
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->stream = Stream::current(opts.device);
-  impl->storage = Storage::allocate(shape_numel(shape) * dtype_size(opts.dtype), opts.device, impl->stream,
-                                    opts.pinned);
+  impl->storage =
+      Storage::allocate(shape_numel(shape) * dtype_size(opts.dtype), opts.device, impl->stream, opts.pinned);
   return finish(Tensor(std::move(impl)), opts);
 }
 
@@ -70,7 +72,8 @@ void manual_seed(uint64_t seed) { default_generator().set_state(seed, 0); }
 namespace {
 enum class Dist { Uniform, Normal };
 
-Tensor random_fill(const Shape& shape, Dist dist, double a, double b, const TensorOptions& opts, Generator* gen) {
+Tensor random_fill(const Shape& shape, Dist dist, double a, double b, const TensorOptions& opts,
+                   Generator* gen) {
   BT_CHECK(is_floating(opts.dtype), "random tensors must have a floating dtype, not ", opts.dtype);
   Generator& g = gen ? *gen : default_generator();
   TensorOptions o = opts;
@@ -83,11 +86,13 @@ Tensor random_fill(const Shape& shape, Dist dist, double a, double b, const Tens
   detail::on_device(
       t.device(),
       [&] {
-        if (dist == Dist::Uniform) kernels::cpu::fill_uniform(t.dtype(), t.data_ptr(), n, seed, off, fa, fb);
-        else kernels::cpu::fill_normal(t.dtype(), t.data_ptr(), n, seed, off, fa, fb);
+        if (dist == Dist::Uniform)
+          kernels::cpu::fill_uniform(t.dtype(), t.data_ptr(), n, seed, off, fa, fb);
+        else
+          kernels::cpu::fill_normal(t.dtype(), t.data_ptr(), n, seed, off, fa, fb);
       },
-      BT_CUDA_LAMBDA(if (dist == Dist::Uniform) kernels::cuda::fill_uniform(t.dtype(), t.data_ptr(), n, seed, off,
-                                                                            fa, fb, stream);
+      BT_CUDA_LAMBDA(if (dist == Dist::Uniform)
+                         kernels::cuda::fill_uniform(t.dtype(), t.data_ptr(), n, seed, off, fa, fb, stream);
                      else kernels::cuda::fill_normal(t.dtype(), t.data_ptr(), n, seed, off, fa, fb, stream)));
   return finish(t, opts);
 }

@@ -28,9 +28,16 @@ class Generator {
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
-  void set_state(uint64_t seed, uint64_t offset) { seed_ = seed; offset_ = offset; }
+  void set_state(uint64_t seed, uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
   /// Reserves n draws and returns the offset of the first.
-  uint64_t advance(uint64_t n) { const uint64_t o = offset_; offset_ += n; return o; }
+  uint64_t advance(uint64_t n) {
+    const uint64_t o = offset_;
+    offset_ += n;
+    return o;
+  }
 
  private:
   uint64_t seed_;
@@ -43,8 +50,10 @@ void manual_seed(uint64_t seed);
 
 Tensor rand(const Shape& shape, const TensorOptions& opts = {}, Generator* gen = nullptr);   // U[0, 1)
 Tensor randn(const Shape& shape, const TensorOptions& opts = {}, Generator* gen = nullptr);  // N(0, 1)
-Tensor uniform(const Shape& shape, double lo, double hi, const TensorOptions& opts = {}, Generator* gen = nullptr);
-Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& opts = {}, Generator* gen = nullptr);
+Tensor uniform(const Shape& shape, double lo, double hi, const TensorOptions& opts = {},
+               Generator* gen = nullptr);
+Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& opts = {},
+              Generator* gen = nullptr);
 
 /// Copies host values into a new tensor (converted to opts.dtype, placed on opts.device).
 template <typename T>

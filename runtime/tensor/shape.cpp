@@ -30,8 +30,8 @@ std::string shape_str(const Shape& s) {
 
 int normalize_dim(int64_t dim, int ndim, const char* what) {
   const int64_t d = dim < 0 ? dim + ndim : dim;
-  BT_CHECK(d >= 0 && d < std::max(ndim, 1), what, ": dimension ", dim, " is out of range for a tensor with ", ndim,
-           " dimension(s) (valid: ", -std::max(ndim, 1), "..", std::max(ndim, 1) - 1, ")");
+  BT_CHECK(d >= 0 && d < std::max(ndim, 1), what, ": dimension ", dim, " is out of range for a tensor with ",
+           ndim, " dimension(s) (valid: ", -std::max(ndim, 1), "..", std::max(ndim, 1) - 1, ")");
   return static_cast<int>(d);
 }
 

@@ -77,8 +77,10 @@ void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& shap
     }
     if (d + 1 == static_cast<int>(shape.size())) {
       const double x = v[base + i];
-      if (integral) os << static_cast<int64_t>(x);
-      else os << std::setprecision(4) << x;
+      if (integral)
+        os << static_cast<int64_t>(x);
+      else
+        os << std::setprecision(4) << x;
     } else {
       print_rec(os, v, shape, d + 1, base + i * inner, inner, max_per_dim, integral);
     }
@@ -94,8 +96,10 @@ std::string Tensor::str(int max_per_dim) const {
   os << "tensor(";
   const std::vector<double> v = to_vector<double>();
   const bool integral = !is_floating(dtype());
-  if (dim() == 0) os << (integral ? std::to_string(static_cast<int64_t>(v[0])) : (std::ostringstream() << v[0]).str());
-  else print_rec(os, v, shape(), 0, 0, numel(), max_per_dim, integral);
+  if (dim() == 0)
+    os << (integral ? std::to_string(static_cast<int64_t>(v[0])) : (std::ostringstream() << v[0]).str());
+  else
+    print_rec(os, v, shape(), 0, 0, numel(), max_per_dim, integral);
   os << ", shape=" << shape_str(shape()) << ", dtype=" << dtype() << ", device=" << device();
   if (requires_grad()) os << (is_leaf() ? ", requires_grad" : ", grad_fn=" + grad_fn()->name());
   os << ")";

@@ -24,9 +24,18 @@ struct TensorOptions {
   bool requires_grad = false;
   bool pinned = false;
 
-  TensorOptions& with_dtype(DType d) { dtype = d; return *this; }
-  TensorOptions& with_device(Device d) { device = d; return *this; }
-  TensorOptions& with_requires_grad(bool r = true) { requires_grad = r; return *this; }
+  TensorOptions& with_dtype(DType d) {
+    dtype = d;
+    return *this;
+  }
+  TensorOptions& with_device(Device d) {
+    device = d;
+    return *this;
+  }
+  TensorOptions& with_requires_grad(bool r = true) {
+    requires_grad = r;
+    return *this;
+  }
 };
 
 class Tensor {
@@ -126,15 +135,42 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<double>() { return DType::F64; }
-template <> constexpr DType dtype_of<bf16>() { return DType::BF16; }
-template <> constexpr DType dtype_of<f16>() { return DType::F16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::U16; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
-template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
+template <>
+constexpr DType dtype_of<f16>() {
+  return DType::F16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::I64;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::U16;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::Bool;
+}
 
 template <typename T>
 T* Tensor::data() const {

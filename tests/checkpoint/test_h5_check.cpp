@@ -1,8 +1,8 @@
 // BT_H5_CHECK turns a real HDF5 failure into bt::Error with HDF5's own text.
-#include <gtest/gtest.h>
-
 #include <cstdio>
 #include <filesystem>
+
+#include <gtest/gtest.h>
 
 #include "checkpoint/h5_check.h"
 

@@ -1,8 +1,8 @@
 #include "tests/support/gradcheck.h"
 
-#include <gtest/gtest.h>
-
 #include <cmath>
+
+#include <gtest/gtest.h>
 
 namespace bt::test {
 

@@ -4,8 +4,6 @@
 // kernel of the same header on identical input bytes.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "kernels/common/cuda_check.h"
@@ -34,9 +33,9 @@ inline bool has_cuda() {
 }
 
 /// First statement of every GPU test.
-#define BT_SKIP_WITHOUT_GPU()                                               \
-  do {                                                                      \
-    if (!::bt::test::gpu::has_cuda()) GTEST_SKIP() << "no CUDA device";     \
+#define BT_SKIP_WITHOUT_GPU()                                           \
+  do {                                                                  \
+    if (!::bt::test::gpu::has_cuda()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 /// A fresh seed per test run; log it (SCOPED_TRACE) so a failure can be replayed.
@@ -54,29 +53,96 @@ inline void sync() { BT_CUDA_CHECK(cudaDeviceSynchronize()); }
 inline void store_as(DType dt, void* base, int64_t i, double x) {
   unsigned char* p = static_cast<unsigned char*>(base) + i * static_cast<int64_t>(dtype_size(dt));
   switch (dt) {
-    case DType::F32: { const float f = static_cast<float>(x); std::memcpy(p, &f, 4); break; }
-    case DType::F64: std::memcpy(p, &x, 8); break;
-    case DType::BF16: { const uint16_t h = float_to_bf16_bits(static_cast<float>(x)); std::memcpy(p, &h, 2); break; }
-    case DType::F16: { const uint16_t h = float_to_f16_bits(static_cast<float>(x)); std::memcpy(p, &h, 2); break; }
-    case DType::I32: { const int32_t v = static_cast<int32_t>(x); std::memcpy(p, &v, 4); break; }
-    case DType::I64: { const int64_t v = static_cast<int64_t>(x); std::memcpy(p, &v, 8); break; }
-    case DType::U16: { const uint16_t v = static_cast<uint16_t>(x); std::memcpy(p, &v, 2); break; }
-    case DType::U8: { const uint8_t v = static_cast<uint8_t>(x); std::memcpy(p, &v, 1); break; }
-    case DType::Bool: { const uint8_t v = x != 0.0 ? 1 : 0; std::memcpy(p, &v, 1); break; }
+    case DType::F32: {
+      const float f = static_cast<float>(x);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DType::F64:
+      std::memcpy(p, &x, 8);
+      break;
+    case DType::BF16: {
+      const uint16_t h = float_to_bf16_bits(static_cast<float>(x));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::F16: {
+      const uint16_t h = float_to_f16_bits(static_cast<float>(x));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::I32: {
+      const int32_t v = static_cast<int32_t>(x);
+      std::memcpy(p, &v, 4);
+      break;
+    }
+    case DType::I64: {
+      const int64_t v = static_cast<int64_t>(x);
+      std::memcpy(p, &v, 8);
+      break;
+    }
+    case DType::U16: {
+      const uint16_t v = static_cast<uint16_t>(x);
+      std::memcpy(p, &v, 2);
+      break;
+    }
+    case DType::U8: {
+      const uint8_t v = static_cast<uint8_t>(x);
+      std::memcpy(p, &v, 1);
+      break;
+    }
+    case DType::Bool: {
+      const uint8_t v = x != 0.0 ? 1 : 0;
+      std::memcpy(p, &v, 1);
+      break;
+    }
   }
 }
 
 inline double load_as(DType dt, const void* base, int64_t i) {
   const unsigned char* p = static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(dtype_size(dt));
   switch (dt) {
-    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::F64: { double d; std::memcpy(&d, p, 8); return d; }
-    case DType::BF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_float(h); }
-    case DType::F16: { uint16_t h; std::memcpy(&h, p, 2); return f16_bits_to_float(h); }
-    case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::I64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case DType::U16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::U8: case DType::Bool: { uint8_t v; std::memcpy(&v, p, 1); return v; }
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::F64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    case DType::BF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return bf16_bits_to_float(h);
+    }
+    case DType::F16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_bits_to_float(h);
+    }
+    case DType::I32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::I64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    case DType::U16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case DType::U8:
+    case DType::Bool: {
+      uint8_t v;
+      std::memcpy(&v, p, 1);
+      return v;
+    }
   }
   return 0.0;
 }
@@ -104,9 +170,13 @@ struct HostBuf {
     return v;
   }
   template <class T>
-  T* as() { return reinterpret_cast<T*>(bytes.data()); }
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
   template <class T>
-  const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
 };
 
 inline std::vector<double> uniform_vals(size_t n, std::mt19937& gen, double lo = -1.0, double hi = 1.0) {
@@ -135,9 +205,7 @@ inline HostBuf randn_buf(DType dt, int64_t n, std::mt19937& gen, double stddev =
 class DevBuf {
  public:
   DevBuf() = default;
-  explicit DevBuf(size_t bytes) : bytes_(bytes) {
-    BT_CUDA_CHECK(cudaMalloc(&ptr_, bytes > 0 ? bytes : 16));
-  }
+  explicit DevBuf(size_t bytes) : bytes_(bytes) { BT_CUDA_CHECK(cudaMalloc(&ptr_, bytes > 0 ? bytes : 16)); }
   explicit DevBuf(const HostBuf& h) : DevBuf(h.size_bytes()) { upload(h.data(), h.size_bytes()); }
   ~DevBuf() {
     if (ptr_) cudaFree(ptr_);
@@ -156,7 +224,9 @@ class DevBuf {
 
   void* get() const { return ptr_; }
   template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
   void upload(const void* src, size_t n) {
@@ -224,10 +294,10 @@ std::vector<double> to_doubles(const std::vector<T>& v) {
 inline double tol(DType dt) { return dt == DType::BF16 ? 1e-2 : 1e-5; }
 
 /// Expects rel_error(out, ref) < tolerance, naming `what` in the failure.
-#define BT_EXPECT_REL(out, ref, tolerance, what)                                       \
-  do {                                                                                 \
-    const double bt_err_ = ::bt::test::gpu::rel_error((out), (ref));                   \
-    EXPECT_LT(bt_err_, (tolerance)) << (what) << ": relative error " << bt_err_;       \
+#define BT_EXPECT_REL(out, ref, tolerance, what)                                 \
+  do {                                                                           \
+    const double bt_err_ = ::bt::test::gpu::rel_error((out), (ref));             \
+    EXPECT_LT(bt_err_, (tolerance)) << (what) << ": relative error " << bt_err_; \
   } while (0)
 
 /// Index of the first differing element of two byte buffers of `es`-byte elements, or -1.

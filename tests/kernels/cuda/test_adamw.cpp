@@ -24,8 +24,8 @@ TEST(CudaAdamW, MatchesCpu) {
     for (int copy_mode = 0; copy_mode < 3; ++copy_mode) {  // none, f32, bf16
       for (int64_t n : {1, 7, 1000, 4099, 100003}) {
         for (int64_t off : {0, 1}) {
-          SCOPED_TRACE(::testing::Message() << "grad " << dtype_name(gdt) << " copy " << copy_mode << " n " << n
-                                            << " offset " << off);
+          SCOPED_TRACE(::testing::Message() << "grad " << dtype_name(gdt) << " copy " << copy_mode << " n "
+                                            << n << " offset " << off);
           const DType cdt = copy_mode == 2 ? DType::BF16 : DType::F32;
           const int64_t tot = n + off;
           std::vector<float> p = floats(normal_vals(tot, gen)), m = floats(normal_vals(tot, gen, 0.01));
@@ -43,7 +43,8 @@ TEST(CudaAdamW, MatchesCpu) {
           AdamWArgs ac = a;
           ac.param = p_ref.data() + off, ac.m = m_ref.data() + off, ac.v = v_ref.data() + off;
           ac.grad = static_cast<const unsigned char*>(g.data()) + off * dtype_size(gdt);
-          ac.param_copy = copy_mode ? static_cast<unsigned char*>(copy_ref.data()) + off * dtype_size(cdt) : nullptr;
+          ac.param_copy =
+              copy_mode ? static_cast<unsigned char*>(copy_ref.data()) + off * dtype_size(cdt) : nullptr;
           cpu::adamw(ac);
           // GPU
           DevBuf dp(upload_vector(p)), dm(upload_vector(m)), dv(upload_vector(v)), dg(g);

@@ -40,8 +40,8 @@ std::vector<double> gather(const HostBuf& h, const std::vector<int64_t>& pos) {
 }
 
 void run_case(DType dt, const Case& c, std::mt19937& gen) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " B " << c.B << " H " << c.H << " T " << c.T << " D " << c.D
-                                    << (c.fused ? " fused" : " contiguous"));
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " B " << c.B << " H " << c.H << " T " << c.T << " D "
+                                    << c.D << (c.fused ? " fused" : " contiguous"));
   const AttnShape s{c.B, c.H, c.T, c.D};
   const int64_t n = c.B * c.H * c.T * c.D;
   const size_t es = dtype_size(dt);
@@ -59,7 +59,9 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   const HostBuf qkv = randn_buf(dt, 3 * n, gen);
   const HostBuf dout = randn_buf(dt, n, gen);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-  const auto at = [&](const HostBuf& h, int64_t off) { return static_cast<const unsigned char*>(h.data()) + off * es; };
+  const auto at = [&](const HostBuf& h, int64_t off) {
+    return static_cast<const unsigned char*>(h.data()) + off * es;
+  };
 
   // ---- forward
   HostBuf o_ref(dt, n);
@@ -106,7 +108,8 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   bw.dv = gref + ov * es, bw.sdv = sv;
   cpu::attention_backward(bw);
 
-  DevBuf d_o_ref(o_ref), d_dout(dout), d_lse_ref(upload_vector(lse_ref)), d_grads(static_cast<size_t>(3 * n) * es);
+  DevBuf d_o_ref(o_ref), d_dout(dout), d_lse_ref(upload_vector(lse_ref)),
+      d_grads(static_cast<size_t>(3 * n) * es);
   DevBuf scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
   d_grads.poison();
   scratch.poison();

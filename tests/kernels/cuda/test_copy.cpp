@@ -19,8 +19,8 @@ using kernels::StridedLayout;
 HostBuf source_values(DType dt, int64_t n, std::mt19937& gen) {
   HostBuf h(dt, n);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
-  const double specials[] = {0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 300.75, -129.5, 1e10, -1e10, 65519.0, 70000.0,
-                             1e-30, 3.0e38, 1e-45};
+  const double specials[] = {0.0,    -0.0, 1.0,   -1.0,    0.5,     2.5,   -2.5,   300.75,
+                             -129.5, 1e10, -1e10, 65519.0, 70000.0, 1e-30, 3.0e38, 1e-45};
   for (int64_t i = 0; i < n; ++i) {
     double x;
     if (is_floating(dt)) {
@@ -67,14 +67,14 @@ int64_t source_extent(const LayoutCase& c) {
 
 const std::vector<LayoutCase>& layout_cases() {
   static const std::vector<LayoutCase> cases = {
-      {{}, {}, 0},                          // scalar
-      {{1}, {1}, 0},                        //
-      {{37}, {1}, 0},                       // contiguous
-      {{1000}, {1}, 3},                     // contiguous at an odd offset
-      {{13, 7}, {1, 13}, 0},                // transpose
-      {{5, 9, 3}, {0, 3, 1}, 1},            // broadcast outer dim
-      {{4, 1, 33}, {40, 7, 1}, 2},          // padded rows + size-1 dim
-      {{3, 17, 5}, {85, 1, 17}, 0},         // permuted
+      {{}, {}, 0},                           // scalar
+      {{1}, {1}, 0},                         //
+      {{37}, {1}, 0},                        // contiguous
+      {{1000}, {1}, 3},                      // contiguous at an odd offset
+      {{13, 7}, {1, 13}, 0},                 // transpose
+      {{5, 9, 3}, {0, 3, 1}, 1},             // broadcast outer dim
+      {{4, 1, 33}, {40, 7, 1}, 2},           // padded rows + size-1 dim
+      {{3, 17, 5}, {85, 1, 17}, 0},          // permuted
       {{129, 65}, {-65, 1}, 129 * 65 - 65},  // negative stride (flipped rows)
   };
   return cases;
@@ -96,12 +96,13 @@ TEST(CudaCopy, StridedCopyAllDtypePairsBitwise) {
         const HostBuf src = source_values(src_dt, source_extent(lc), gen);
         const size_t es_src = dtype_size(src_dt), es_dst = dtype_size(dst_dt);
         HostBuf ref(dst_dt, n);
-        cpu::strided_copy(src_dt, static_cast<const unsigned char*>(src.data()) + lc.offset * es_src, l, dst_dt,
-                          ref.data());
+        cpu::strided_copy(src_dt, static_cast<const unsigned char*>(src.data()) + lc.offset * es_src, l,
+                          dst_dt, ref.data());
         DevBuf dsrc(src);
         DevBuf ddst(static_cast<size_t>(n) * es_dst);
         ddst.poison();
-        cuda::strided_copy(src_dt, dsrc.as<unsigned char>() + lc.offset * es_src, l, dst_dt, ddst.get(), nullptr);
+        cuda::strided_copy(src_dt, dsrc.as<unsigned char>() + lc.offset * es_src, l, dst_dt, ddst.get(),
+                           nullptr);
         const HostBuf out = ddst.to_host(dst_dt, n);
         const int64_t bad = first_byte_mismatch(out.bytes, ref.bytes, es_dst);
         EXPECT_EQ(bad, -1) << "first mismatch at element " << bad << ": gpu " << (bad >= 0 ? out.get(bad) : 0)
@@ -118,7 +119,8 @@ TEST(CudaCopy, FillAllDtypesBitwise) {
     for (int64_t n : {1, 7, 1000, 4097}) {
       for (int64_t off : {0, 1}) {
         for (double v : values) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n " << n << " offset " << off << " value " << v);
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dt) << " n " << n << " offset " << off << " value " << v);
           const size_t es = dtype_size(dt);
           HostBuf ref(dt, n);
           cpu::fill(dt, ref.data(), n, v);
@@ -140,7 +142,8 @@ TEST(CudaCopy, ArangeAllDtypesBitwise) {
   for (DType dt : kAllDTypes) {
     for (int64_t n : {1, 33, 1000}) {
       for (auto [start, step] : params) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " n " << n << " start " << start << " step " << step);
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dt) << " n " << n << " start " << start << " step " << step);
         const size_t es = dtype_size(dt);
         HostBuf ref(dt, n);
         cpu::arange(dt, ref.data(), n, start, step);

@@ -15,7 +15,8 @@ namespace cuda = kernels::cuda;
 using kernels::CrossEntropyArgs;
 
 void run_case(DType dt, int64_t rows, int64_t vocab, int64_t ld, std::mt19937& gen) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " rows " << rows << " vocab " << vocab << " ld " << ld);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " rows " << rows << " vocab " << vocab << " ld "
+                                    << ld);
   const HostBuf logits = randn_buf(dt, rows * ld, gen, 2.0);
   std::vector<int32_t> targets(static_cast<size_t>(rows));
   std::uniform_int_distribution<int32_t> tdist(0, static_cast<int32_t>(vocab - 1));
@@ -33,7 +34,8 @@ void run_case(DType dt, int64_t rows, int64_t vocab, int64_t ld, std::mt19937& g
   HostBuf dlogits_ref(dt, rows * ld);
   cpu::cross_entropy_backward(a, lse_ref.data(), dloss.data(), dlogits_ref.data());
 
-  DevBuf dl(logits), dt_(upload_vector(targets)), ddloss(upload_vector(dloss)), dlse_ref(upload_vector(lse_ref));
+  DevBuf dl(logits), dt_(upload_vector(targets)), ddloss(upload_vector(dloss)),
+      dlse_ref(upload_vector(lse_ref));
   DevBuf dloss_out(static_cast<size_t>(rows) * 4), dlse_out(static_cast<size_t>(rows) * 4);
   DevBuf dgrad(static_cast<size_t>(rows * ld) * dtype_size(dt));
   dloss_out.poison();

@@ -41,9 +41,9 @@ const std::vector<BinCase>& bin_cases() {
       {{7}, {{1}, 7}, {{1}, 7}},
       {{1000}, {{1}, 1000}, {{1}, 1000}},
       {{1023}, {{1}, 1023}, {{1}, 1023}},
-      {{7, 31}, {{1, 0}, 7}, {{0, 1}, 31}},             // outer-product broadcast
-      {{129, 33}, {{33, 1}, 129 * 33}, {{0, 0}, 1}},    // scalar b
-      {{13, 7}, {{1, 13}, 91}, {{7, 1}, 91}},           // transposed a
+      {{7, 31}, {{1, 0}, 7}, {{0, 1}, 31}},               // outer-product broadcast
+      {{129, 33}, {{33, 1}, 129 * 33}, {{0, 0}, 1}},      // scalar b
+      {{13, 7}, {{1, 13}, 91}, {{7, 1}, 91}},             // transposed a
       {{3, 5, 17}, {{85, 17, 1}, 255}, {{0, 1, 5}, 85}},  // broadcast + permuted b
   };
   return cases;
@@ -113,11 +113,10 @@ TEST(CudaElementwise, UnaryMatchesCpu) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  const std::pair<UnaryOp, double> ops[] = {{UnaryOp::Neg, 0},       {UnaryOp::Exp, 0},
-                                            {UnaryOp::Log, 0},       {UnaryOp::Tanh, 0},
-                                            {UnaryOp::Sqrt, 0},      {UnaryOp::PowScalar, 2.5},
-                                            {UnaryOp::PowScalar, -1}, {UnaryOp::AddScalar, 0.75},
-                                            {UnaryOp::MulScalar, -3.0}};
+  const std::pair<UnaryOp, double> ops[] = {
+      {UnaryOp::Neg, 0},        {UnaryOp::Exp, 0},          {UnaryOp::Log, 0},
+      {UnaryOp::Tanh, 0},       {UnaryOp::Sqrt, 0},         {UnaryOp::PowScalar, 2.5},
+      {UnaryOp::PowScalar, -1}, {UnaryOp::AddScalar, 0.75}, {UnaryOp::MulScalar, -3.0}};
   for (DType dt : {DType::F32, DType::BF16}) {
     for (auto [op, scalar] : ops) {
       for (int64_t n : {1, 7, 1000, 1023, 65537}) {
@@ -131,8 +130,8 @@ TEST(CudaElementwise, UnaryMatchesCpu) {
           cpu::unary(op, dt, static_cast<const unsigned char*>(a.data()) + off * es, ref.data(), n, scalar);
           DevBuf da(a), dout(static_cast<size_t>(n + off) * es);
           dout.poison();
-          cuda::unary(op, dt, da.as<unsigned char>() + off * es, dout.as<unsigned char>() + off * es, n, scalar,
-                      nullptr);
+          cuda::unary(op, dt, da.as<unsigned char>() + off * es, dout.as<unsigned char>() + off * es, n,
+                      scalar, nullptr);
           const std::vector<double> all = dout.to_host(dt, n + off).vals();
           const std::vector<double> got(all.begin() + off, all.end());
           BT_EXPECT_REL(got, ref.vals(), tol(dt), "unary");

@@ -28,7 +28,8 @@ TEST(CudaEmbedding, ForwardAndBackwardMatchCpu) {
     for (int64_t num : {1, 50, 1000}) {
       for (int64_t dim : {1, 7, 64, 768}) {
         for (int64_t n : {1, 100, 5000}) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " num " << num << " dim " << dim << " n " << n);
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dt) << " num " << num << " dim " << dim << " n " << n);
           const size_t es = dtype_size(dt);
           const HostBuf table = randn_buf(dt, num * dim, gen);
           const std::vector<int32_t> idx = random_indices(n, num, gen);
@@ -47,8 +48,8 @@ TEST(CudaEmbedding, ForwardAndBackwardMatchCpu) {
           DevBuf scratch(cuda::embedding_backward_scratch_floats(num, dim) * sizeof(float));
           ddtab.poison();
           scratch.poison();
-          cuda::embedding_backward(dt, dg.get(), didx.as<int32_t>(), n, num, dim, ddtab.get(), scratch.as<float>(),
-                                   nullptr);
+          cuda::embedding_backward(dt, dg.get(), didx.as<int32_t>(), n, num, dim, ddtab.get(),
+                                   scratch.as<float>(), nullptr);
           BT_EXPECT_REL(ddtab.to_host(dt, num * dim).vals(), dtab_ref.vals(), tol(dt), "backward");
         }
       }
@@ -79,7 +80,8 @@ TEST(CudaEmbedding, BackwardIsBitwiseDeterministic) {
       if (run == 0)
         first = out.bytes;
       else
-        EXPECT_EQ(first_byte_mismatch(out.bytes, first, dtype_size(dt)), -1) << dtype_name(dt) << " run " << run;
+        EXPECT_EQ(first_byte_mismatch(out.bytes, first, dtype_size(dt)), -1)
+            << dtype_name(dt) << " run " << run;
     }
     // And equal to the CPU (same summation order: index order, in float).
     HostBuf ref(dt, num * dim);
@@ -95,13 +97,15 @@ TEST(CudaEmbedding, CountOutOfRange) {
   const std::vector<int32_t> idx = {0, 5, -1, 9, 10, 3, 1000, -7, 2};
   DevBuf didx(upload_vector(idx)), count(sizeof(int));
   count.poison();
-  cuda::count_out_of_range(didx.as<int32_t>(), static_cast<int64_t>(idx.size()), 10, count.as<int>(), nullptr);
+  cuda::count_out_of_range(didx.as<int32_t>(), static_cast<int64_t>(idx.size()), 10, count.as<int>(),
+                           nullptr);
   EXPECT_EQ(count.to_vector<int>(1)[0], 4);
   // Many indices, across blocks.
   std::vector<int32_t> big(100003, 1);
   for (size_t i = 0; i < big.size(); i += 1000) big[i] = 77;
   DevBuf dbig(upload_vector(big));
-  cuda::count_out_of_range(dbig.as<int32_t>(), static_cast<int64_t>(big.size()), 50, count.as<int>(), nullptr);
+  cuda::count_out_of_range(dbig.as<int32_t>(), static_cast<int64_t>(big.size()), 50, count.as<int>(),
+                           nullptr);
   EXPECT_EQ(count.to_vector<int>(1)[0], 101);
 }
 

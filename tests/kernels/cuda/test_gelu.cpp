@@ -30,10 +30,12 @@ TEST(CudaGelu, ForwardAndBackwardMatchCpu) {
         DevBuf dx(x), dg(g), dy(static_cast<size_t>(n + off) * es), ddx(static_cast<size_t>(n + off) * es);
         dy.poison();
         ddx.poison();
-        cuda::gelu_forward(dt, dx.as<unsigned char>() + off * es, dy.as<unsigned char>() + off * es, n, nullptr);
+        cuda::gelu_forward(dt, dx.as<unsigned char>() + off * es, dy.as<unsigned char>() + off * es, n,
+                           nullptr);
         cuda::gelu_backward(dt, dx.as<unsigned char>() + off * es, dg.as<unsigned char>() + off * es,
                             ddx.as<unsigned char>() + off * es, n, nullptr);
-        const std::vector<double> y_all = dy.to_host(dt, n + off).vals(), dx_all = ddx.to_host(dt, n + off).vals();
+        const std::vector<double> y_all = dy.to_host(dt, n + off).vals(),
+                                  dx_all = ddx.to_host(dt, n + off).vals();
         BT_EXPECT_REL(std::vector<double>(y_all.begin() + off, y_all.end()), y_ref.vals(), tol(dt), "y");
         BT_EXPECT_REL(std::vector<double>(dx_all.begin() + off, dx_all.end()), dx_ref.vals(), tol(dt), "dx");
       }

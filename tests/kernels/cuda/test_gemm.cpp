@@ -41,7 +41,8 @@ std::string describe(const Precision& p, const Case& c) {
 }
 
 /// Values of the m x n block of every batch item of a [batch] x rows x ld buffer.
-std::vector<double> block(const HostBuf& h, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld) {
+std::vector<double> block(const HostBuf& h, int64_t batch, int64_t stride, int64_t rows, int64_t cols,
+                          int64_t ld) {
   std::vector<double> v;
   v.reserve(static_cast<size_t>(batch * rows * cols));
   for (int64_t b = 0; b < batch; ++b)
@@ -104,7 +105,8 @@ void run_case(const Precision& p, const Case& c, std::mt19937& gen) {
   if (c.beta == 0.0f) cuda::gemm(gg, nullptr);
 
   const HostBuf C_out = dC.to_host(dt, nc);
-  BT_EXPECT_REL(block(C_out, c.batch, sc, c.m, c.n, ldc), block(C_ref, c.batch, sc, c.m, c.n, ldc), p.tol, "C");
+  BT_EXPECT_REL(block(C_out, c.batch, sc, c.m, c.n, ldc), block(C_ref, c.batch, sc, c.m, c.n, ldc), p.tol,
+                "C");
   if (c.with_pre && gelu) {
     const HostBuf P_out = dP.to_host(dt, nc);
     BT_EXPECT_REL(block(P_out, c.batch, sc, c.m, c.n, ldc), block(P_ref, c.batch, sc, c.m, c.n, ldc), p.tol,
@@ -129,13 +131,14 @@ const std::vector<Case>& cases() {
     v.push_back({33, 17, 9, false, false, 1, 1.0f, 0.0f, Epilogue::Gelu});
     v.push_back({64, 128, 64, false, false, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 0, false, true});
     v.push_back({64, 128, 64, false, true, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 0, false, false});
-    v.push_back({31, 33, 7, true, false, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 3, false, true});  // aux ld % 8 != 0
+    v.push_back(
+        {31, 33, 7, true, false, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 3, false, true});  // aux ld % 8 != 0
     v.push_back({48, 64, 32, false, false, 3, 1.0f, 0.0f, Epilogue::Gelu, 0, false, true});
     v.push_back({40, 24, 16, true, true, 2, 1.0f, 0.0f, Epilogue::BiasGelu, 8, false, true});
     v.push_back({16, 32, 8, false, false, 3, 1.0f, 0.0f, Epilogue::None, 0, true});
     v.push_back({20, 24, 16, false, false, 1, 1.0f, 0.5f, Epilogue::Gelu});
     v.push_back({20, 24, 16, false, false, 2, 2.0f, 0.25f, Epilogue::None, 1});
-    v.push_back({5, 7, 0, false, false, 1, 1.0f, 0.5f});                                       // k = 0
+    v.push_back({5, 7, 0, false, false, 1, 1.0f, 0.5f});                                      // k = 0
     v.push_back({5, 7, 0, false, false, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 0, false, true});  // k = 0
     return v;
   }();

@@ -25,8 +25,8 @@ std::vector<double> slice(const HostBuf& h, int64_t off, int64_t n) {
 }
 
 void run_case(DType dt, const Case& c, std::mt19937& gen) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " rows " << c.rows << " cols " << c.cols << " affine "
-                                    << c.affine << " offset " << c.offset);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " rows " << c.rows << " cols " << c.cols
+                                    << " affine " << c.affine << " offset " << c.offset);
   const int64_t n = c.rows * c.cols, off = c.offset;
   const size_t es = dtype_size(dt);
   const float eps = 1e-5f;
@@ -50,8 +50,8 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   dmean.poison();
   drstd.poison();
   cuda::layernorm_forward(dt, dx_in.as<unsigned char>() + off * es, c.affine ? dw.get() : nullptr,
-                          c.affine ? db.get() : nullptr, dy_out.as<unsigned char>() + off * es, dmean.as<float>(),
-                          drstd.as<float>(), c.rows, c.cols, eps, nullptr);
+                          c.affine ? db.get() : nullptr, dy_out.as<unsigned char>() + off * es,
+                          dmean.as<float>(), drstd.as<float>(), c.rows, c.cols, eps, nullptr);
   BT_EXPECT_REL(slice(dy_out.to_host(dt, n + off), off, n), y_ref.vals(), tol(dt), "y");
   BT_EXPECT_REL(to_doubles(dmean.to_vector<float>(static_cast<size_t>(c.rows))), to_doubles(mean_ref), 1e-5,
                 "mean");
@@ -61,7 +61,8 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   // ---- backward (the CPU's mean/rstd on both sides)
   HostBuf dx_ref(dt, n), dw_ref(dt, c.cols), db_ref(dt, c.cols);
   cpu::layernorm_backward(dt, dyp, xp, wp, mean_ref.data(), rstd_ref.data(), dx_ref.data(),
-                          c.affine ? dw_ref.data() : nullptr, c.affine ? db_ref.data() : nullptr, c.rows, c.cols);
+                          c.affine ? dw_ref.data() : nullptr, c.affine ? db_ref.data() : nullptr, c.rows,
+                          c.cols);
   DevBuf ddy(dy), dmean2(upload_vector(mean_ref)), drstd2(upload_vector(rstd_ref));
   DevBuf ddx(static_cast<size_t>(n + off) * es), ddw(static_cast<size_t>(c.cols) * es),
       ddb(static_cast<size_t>(c.cols) * es);
@@ -91,13 +92,13 @@ TEST(CudaLayerNorm, MatchesCpu) {
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int64_t rows : {1, 7, 129, 1000})
       for (int64_t cols : {1, 31, 768, 1023, 1024}) run_case(dt, {rows, cols}, gen);
-    run_case(dt, {129, 768, false}, gen);            // no affine
-    run_case(dt, {33, 768, true, 1}, gen);           // unaligned -> scalar path
-    run_case(dt, {17, 2048, true}, gen);             // long rows (fast path, K = 16 f32 / 8 bf16)
-    run_case(dt, {9, 4096, true}, gen);              // beyond the f32 fast path
-    run_case(dt, {5, 3000, true}, gen);              // long odd rows, scalar path
-    run_case(dt, {2500, 64, true}, gen);             // rows > partial-sum warps (2048)
-    run_case(dt, {4100, 40, true, 1}, gen);          // ... on the scalar path too
+    run_case(dt, {129, 768, false}, gen);    // no affine
+    run_case(dt, {33, 768, true, 1}, gen);   // unaligned -> scalar path
+    run_case(dt, {17, 2048, true}, gen);     // long rows (fast path, K = 16 f32 / 8 bf16)
+    run_case(dt, {9, 4096, true}, gen);      // beyond the f32 fast path
+    run_case(dt, {5, 3000, true}, gen);      // long odd rows, scalar path
+    run_case(dt, {2500, 64, true}, gen);     // rows > partial-sum warps (2048)
+    run_case(dt, {4100, 40, true, 1}, gen);  // ... on the scalar path too
   }
 }
 

@@ -18,9 +18,9 @@ struct Fill {
 };
 
 void check_fill(DType dt, const Fill& f, int64_t n, uint64_t seed, uint64_t offset, int64_t dst_off) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (f.normal ? " normal(" : " uniform(") << f.a << ", " << f.b
-                                    << ") n " << n << " seed " << seed << " offset " << offset << " dst+"
-                                    << dst_off);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (f.normal ? " normal(" : " uniform(") << f.a << ", "
+                                    << f.b << ") n " << n << " seed " << seed << " offset " << offset
+                                    << " dst+" << dst_off);
   const size_t es = dtype_size(dt);
   HostBuf ref(dt, n);
   if (f.normal)

@@ -22,13 +22,13 @@ TEST(CudaReduce, MatchesCpu) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  const Shape shapes[] = {{1, 1, 1},   {7, 31, 1},   {3, 1000, 1}, {2, 3000, 1}, {129, 768, 1},
-                          {5, 17, 3},  {4, 129, 33}, {1, 7, 1000}, {2, 1, 5},    {3, 2049, 40}};
+  const Shape shapes[] = {{1, 1, 1},  {7, 31, 1},   {3, 1000, 1}, {2, 3000, 1}, {129, 768, 1},
+                          {5, 17, 3}, {4, 129, 33}, {1, 7, 1000}, {2, 1, 5},    {3, 2049, 40}};
   for (DType dt : {DType::F32, DType::BF16}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
       for (const Shape& s : shapes) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " op " << static_cast<int>(op) << " [" << s.outer
-                                          << ", " << s.dim << ", " << s.inner << "]");
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " op " << static_cast<int>(op) << " ["
+                                          << s.outer << ", " << s.dim << ", " << s.inner << "]");
         const int64_t n_in = s.outer * s.dim * s.inner, n_out = s.outer * s.inner;
         // Sums of uniform(0.5, 1.5) stay away from zero, so the relative error is meaningful.
         const HostBuf in = random_buf(dt, n_in, gen, op == ReduceOp::Max ? -1.0 : 0.5, 1.5);
@@ -67,7 +67,8 @@ TEST(CudaReduce, MaxPropagatesNanAndTiesTakeFirstIndex) {
         const HostBuf in(dt, v);
         DevBuf din(in), dout(static_cast<size_t>(outer * inner) * dtype_size(dt)),
             darg(static_cast<size_t>(outer * inner) * sizeof(int64_t));
-        cuda::reduce_dim(ReduceOp::Max, dt, din.get(), dout.get(), outer, dim, inner, darg.as<int64_t>(), nullptr);
+        cuda::reduce_dim(ReduceOp::Max, dt, din.get(), dout.get(), outer, dim, inner, darg.as<int64_t>(),
+                         nullptr);
         const HostBuf out = dout.to_host(dt, outer * inner);
         const auto arg = darg.to_vector<int64_t>(static_cast<size_t>(outer * inner));
         for (int64_t i = 0; i < inner; ++i) {
@@ -84,7 +85,8 @@ TEST(CudaReduce, MaxPropagatesNanAndTiesTakeFirstIndex) {
 TEST(CudaReduce, MaxOverEmptyDimThrows) {
   BT_SKIP_WITHOUT_GPU();
   DevBuf d(64);
-  EXPECT_THROW(cuda::reduce_dim(ReduceOp::Max, DType::F32, d.get(), d.get(), 2, 0, 1, nullptr, nullptr), bt::Error);
+  EXPECT_THROW(cuda::reduce_dim(ReduceOp::Max, DType::F32, d.get(), d.get(), 2, 0, 1, nullptr, nullptr),
+               bt::Error);
 }
 
 }  // namespace

@@ -20,8 +20,8 @@ TEST(CudaSoftmax, ForwardAndBackwardMatchCpu) {
     for (bool log : {false, true}) {
       for (int64_t rows : {1, 7, 129}) {
         for (int64_t cols : {1, 31, 768, 1023, 1025, 2500}) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (log ? " log" : "") << " rows " << rows << " cols "
-                                            << cols);
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dt) << (log ? " log" : "") << " rows " << rows << " cols " << cols);
           const int64_t n = rows * cols;
           // Unit-scale logits: with peaked rows, dx = y (dy - sum(dy y)) cancels for
           // the peak and the CPU reference itself is only ~1e-5 accurate there.

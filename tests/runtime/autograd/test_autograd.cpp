@@ -1,8 +1,8 @@
 // Engine behaviour: accumulation, no_grad, retain_graph, freed graphs,
 // version checks and grad-ready hooks.
-#include <gtest/gtest.h>
-
 #include <cmath>
+
+#include <gtest/gtest.h>
 
 #include "runtime/bt.h"
 
@@ -60,9 +60,9 @@ TEST(Autograd, RetainGraphAndFreedGraphError) {
 
 TEST(Autograd, InPlaceModificationOfSavedTensorIsCaught) {
   Tensor x = param({1, 2, 3});
-  Tensor y = mul(x, 2.0);   // non-leaf
+  Tensor y = mul(x, 2.0);      // non-leaf
   Tensor z = exp(y.detach());  // exp saves its output
-  Tensor w = mul(x, z);     // mul saves z
+  Tensor w = mul(x, z);        // mul saves z
   {
     NoGradGuard ng;
     z.add_(ones({3}));  // modifies a saved tensor
@@ -112,7 +112,7 @@ TEST(Autograd, GradReadyHooksFireOncePerBackwardWithFinalGrad) {
   Tensor out = add(h2, mul(a, 5.0));
   sum(out).backward();
   ASSERT_EQ(order.size(), 2u);
-  EXPECT_EQ(seen[0], 3.0f * 2.0f + 5.0f);  // accumulated over both paths
+  EXPECT_EQ(seen[0], 3.0f * 2.0f + 5.0f);         // accumulated over both paths
   sum(out.detach().requires_grad_()).backward();  // unrelated graph: no hooks
   EXPECT_EQ(order.size(), 2u);
   Tensor out2 = add(mul(a, b), 0.0);

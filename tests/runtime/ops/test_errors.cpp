@@ -26,7 +26,8 @@ TEST(Errors, ShapeMismatch) {
   EXPECT_ERROR_HAS(linear(zeros({2, 3}), zeros({5, 4})), "weight shape");
   EXPECT_ERROR_HAS(layer_norm(zeros({2, 3}), zeros({4}), Tensor()), "weight");
   EXPECT_ERROR_HAS(zeros({6}).view({4, -1}), "cannot reshape");
-  EXPECT_ERROR_HAS(causal_attention(zeros({1, 1, 2, 4}), zeros({1, 1, 3, 4}), zeros({1, 1, 2, 4})), "one shape");
+  EXPECT_ERROR_HAS(causal_attention(zeros({1, 1, 2, 4}), zeros({1, 1, 3, 4}), zeros({1, 1, 2, 4})),
+                   "one shape");
 }
 
 TEST(Errors, DTypeMismatch) {

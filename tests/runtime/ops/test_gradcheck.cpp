@@ -14,8 +14,10 @@ TEST(Gradcheck, BinaryOpsBroadcast) {
   EXPECT_TRUE(gradcheck([](const V& v) { return add(v[0], v[1]); }, {leaf({3, 4}, 1), leaf({4}, 2)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return sub(v[0], v[1]); }, {leaf({2, 1, 3}, 3), leaf({4, 1}, 4)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return mul(v[0], v[1]); }, {leaf({3, 4}, 5), leaf({3, 1}, 6)}));
-  EXPECT_TRUE(gradcheck([](const V& v) { return div(v[0], v[1]); }, {leaf({3, 4}, 7), leaf({4}, 8, 0.5, 2.0)}));
-  EXPECT_TRUE(gradcheck([](const V& v) { return pow(v[0], v[1]); }, {leaf({3, 4}, 9, 0.5, 2.0), leaf({4}, 10)}));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return div(v[0], v[1]); }, {leaf({3, 4}, 7), leaf({4}, 8, 0.5, 2.0)}));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return pow(v[0], v[1]); }, {leaf({3, 4}, 9, 0.5, 2.0), leaf({4}, 10)}));
 }
 
 TEST(Gradcheck, ScalarAndUnaryOps) {
@@ -49,10 +51,13 @@ TEST(Gradcheck, Softmax) {
 
 TEST(Gradcheck, Matmul) {
   EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({3, 4}, 31), leaf({4, 5}, 32)}));
-  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({2, 3, 4}, 33), leaf({2, 4, 2}, 34)}));
-  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({2, 3, 4}, 35), leaf({4, 2}, 36)}));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({2, 3, 4}, 33), leaf({2, 4, 2}, 34)}));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return matmul(v[0], v[1]); }, {leaf({2, 3, 4}, 35), leaf({4, 2}, 36)}));
   // Transposed views go to the GEMM as transposes.
-  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0].t(), v[1].t()); }, {leaf({4, 3}, 37), leaf({5, 4}, 38)}));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return matmul(v[0].t(), v[1].t()); }, {leaf({4, 3}, 37), leaf({5, 4}, 38)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0].transpose(1, 2), v[1]); },
                         {leaf({2, 4, 3}, 39), leaf({2, 4, 3}, 40)}));
 }
@@ -71,8 +76,8 @@ TEST(Gradcheck, GeluAndLayerNorm) {
   EXPECT_TRUE(gradcheck([](const V& v) { return gelu(v[0]); }, {leaf({3, 5}, 51, -3.0, 3.0)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], v[1], v[2]); },
                         {leaf({4, 6}, 52), leaf({6}, 53), leaf({6}, 54)}, 1e-6, 1e-6, 1e-5));
-  EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], Tensor(), Tensor()); }, {leaf({2, 3, 5}, 55)}, 1e-6,
-                        1e-6, 1e-5));
+  EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], Tensor(), Tensor()); },
+                        {leaf({2, 3, 5}, 55)}, 1e-6, 1e-6, 1e-5));
 }
 
 TEST(Gradcheck, CausalAttention) {
@@ -92,11 +97,11 @@ TEST(Gradcheck, CrossEntropy) {
   // The fused kernel returns an fp32 loss and log-sum-exp by design (even for
   // f64 logits), so the finite differences use a larger step and tolerance.
   Tensor targets = from_vector<int32_t>({0, 4, 2, -1, 3}, {5});
-  EXPECT_TRUE(gradcheck([&](const V& v) { return cross_entropy(v[0], targets); }, {leaf({5, 6}, 60, -2, 2)}, 1e-2,
-                        1e-4, 1e-2));
+  EXPECT_TRUE(gradcheck([&](const V& v) { return cross_entropy(v[0], targets); }, {leaf({5, 6}, 60, -2, 2)},
+                        1e-2, 1e-4, 1e-2));
   // Padded vocabulary: only the first 5 of 8 columns take part.
-  EXPECT_TRUE(gradcheck([&](const V& v) { return cross_entropy(v[0], targets, 5); }, {leaf({5, 8}, 61, -2, 2)}, 1e-2,
-                        1e-4, 1e-2));
+  EXPECT_TRUE(gradcheck([&](const V& v) { return cross_entropy(v[0], targets, 5); },
+                        {leaf({5, 8}, 61, -2, 2)}, 1e-2, 1e-4, 1e-2));
 }
 
 TEST(Gradcheck, Embedding) {
@@ -110,8 +115,8 @@ TEST(Gradcheck, ViewsAndCopies) {
   EXPECT_TRUE(gradcheck([](const V& v) { return v[0].narrow(0, 1, 2).select(1, 2); }, {leaf({4, 3}, 65)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return v[0].unsqueeze(0).expand({3, 2, 4}); }, {leaf({2, 4}, 66)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return v[0].t().contiguous().clone(); }, {leaf({3, 5}, 67)}));
-  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].to(DType::F32).to(DType::F64); }, {leaf({4}, 68)}, 1e-3, 1e-4,
-                        1e-3));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].to(DType::F32).to(DType::F64); }, {leaf({4}, 68)}, 1e-3,
+                        1e-4, 1e-3));
 }
 
 TEST(Gradcheck, DetectsAWrongGradient) {
@@ -119,13 +124,14 @@ TEST(Gradcheck, DetectsAWrongGradient) {
   auto wrong = [](const V& v) {
     Tensor y = mul(v[0].detach(), 2.0);
     if (autograd::any_requires_grad({&v[0]}))
-      autograd::record("WrongBackward", {&v[0]}, y, [](autograd::Grads& g) -> autograd::Grads { return {mul(g[0], 3.0)}; });
+      autograd::record("WrongBackward", {&v[0]}, y,
+                       [](autograd::Grads& g) -> autograd::Grads { return {mul(g[0], 3.0)}; });
     return y;
   };
   ::testing::TestPartResultArray failures;
   {
-    ::testing::ScopedFakeTestPartResultReporter rep(::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS,
-                                                    &failures);
+    ::testing::ScopedFakeTestPartResultReporter rep(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &failures);
     EXPECT_FALSE(gradcheck(wrong, {leaf({3}, 69)}));
   }
   EXPECT_GT(failures.size(), 0);

@@ -1,10 +1,10 @@
 // The runtime on CUDA against the runtime on CPU: every op's forward and
 // backward through the public API (dispatch, views, autograd), in f32 and
 // bf16, plus seeded-RNG identity and host<->device copies on streams.
-#include <gtest/gtest.h>
-
 #include <functional>
 #include <random>
+
+#include <gtest/gtest.h>
 
 #include "runtime/bt.h"
 
@@ -62,44 +62,66 @@ TEST_P(OpsGpu, Elementwise) {
   REQUIRE_GPU();
   const DType dt = GetParam();
   const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
-  compare("add", [](auto& v) { return add(v[0], v[1]); }, {{33, 7}, {7}}, dt, tol);
-  compare("mul", [](auto& v) { return mul(v[0], v[1]); }, {{5, 1, 9}, {3, 1}}, dt, tol);
-  compare("sub", [](auto& v) { return sub(v[0], v[1]); }, {{129}, {129}}, dt, tol);
-  compare("div", [](auto& v) { return div(v[0], add(mul(v[1], v[1]), 1.0)); }, {{17, 3}, {17, 3}}, dt, tol);
-  compare("exp/tanh/neg", [](auto& v) { return neg(tanh(exp(v[0]))); }, {{1000}}, dt, tol);
-  compare("log/pow", [](auto& v) { return pow(log(add(mul(v[0], v[0]), 1.0)), 2.0); }, {{257}}, dt, tol);
+  compare(
+      "add", [](auto& v) { return add(v[0], v[1]); }, {{33, 7}, {7}}, dt, tol);
+  compare(
+      "mul", [](auto& v) { return mul(v[0], v[1]); }, {{5, 1, 9}, {3, 1}}, dt, tol);
+  compare(
+      "sub", [](auto& v) { return sub(v[0], v[1]); }, {{129}, {129}}, dt, tol);
+  compare(
+      "div", [](auto& v) { return div(v[0], add(mul(v[1], v[1]), 1.0)); }, {{17, 3}, {17, 3}}, dt, tol);
+  compare(
+      "exp/tanh/neg", [](auto& v) { return neg(tanh(exp(v[0]))); }, {{1000}}, dt, tol);
+  compare(
+      "log/pow", [](auto& v) { return pow(log(add(mul(v[0], v[0]), 1.0)), 2.0); }, {{257}}, dt, tol);
 }
 
 TEST_P(OpsGpu, Reductions) {
   REQUIRE_GPU();
   const DType dt = GetParam();
   const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
-  compare("sum", [](auto& v) { return sum(v[0], {1}); }, {{7, 1023, 3}}, dt, tol);
-  compare("mean", [](auto& v) { return mean(v[0], {0, 2}, true); }, {{9, 5, 33}}, dt, tol);
-  compare("max", [](auto& v) { return max(v[0], -1); }, {{31, 257}}, dt, tol);
-  compare("softmax", [](auto& v) { return softmax(v[0]); }, {{13, 1000}}, dt, tol);
-  compare("log_softmax", [](auto& v) { return log_softmax(v[0], 0); }, {{65, 7}}, dt, tol);
+  compare(
+      "sum", [](auto& v) { return sum(v[0], {1}); }, {{7, 1023, 3}}, dt, tol);
+  compare(
+      "mean",
+      [](auto& v) {
+        return mean(v[0], {0, 2}, true);
+      },
+      {{9, 5, 33}}, dt, tol);
+  compare(
+      "max", [](auto& v) { return max(v[0], -1); }, {{31, 257}}, dt, tol);
+  compare(
+      "softmax", [](auto& v) { return softmax(v[0]); }, {{13, 1000}}, dt, tol);
+  compare(
+      "log_softmax", [](auto& v) { return log_softmax(v[0], 0); }, {{65, 7}}, dt, tol);
 }
 
 TEST_P(OpsGpu, MatmulAndLinear) {
   REQUIRE_GPU();
   const DType dt = GetParam();
   const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
-  compare("matmul", [](auto& v) { return matmul(v[0], v[1]); }, {{67, 33}, {33, 129}}, dt, tol);
-  compare("bmm", [](auto& v) { return matmul(v[0], v[1].transpose(1, 2)); }, {{3, 17, 64}, {3, 31, 64}}, dt, tol);
-  compare("linear", [](auto& v) { return linear(v[0], v[1], v[2]); }, {{2, 9, 48}, {80, 48}, {80}}, dt, tol);
-  compare("linear+gelu", [](auto& v) { return linear(v[0], v[1], v[2], Activation::Gelu); }, {{37, 64}, {96, 64}, {96}},
-          dt, tol);
+  compare(
+      "matmul", [](auto& v) { return matmul(v[0], v[1]); }, {{67, 33}, {33, 129}}, dt, tol);
+  compare(
+      "bmm", [](auto& v) { return matmul(v[0], v[1].transpose(1, 2)); }, {{3, 17, 64}, {3, 31, 64}}, dt, tol);
+  compare(
+      "linear", [](auto& v) { return linear(v[0], v[1], v[2]); }, {{2, 9, 48}, {80, 48}, {80}}, dt, tol);
+  compare(
+      "linear+gelu", [](auto& v) { return linear(v[0], v[1], v[2], Activation::Gelu); },
+      {{37, 64}, {96, 64}, {96}}, dt, tol);
 }
 
 TEST_P(OpsGpu, TransformerOps) {
   REQUIRE_GPU();
   const DType dt = GetParam();
   const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
-  compare("gelu", [](auto& v) { return gelu(v[0]); }, {{4097}}, dt, tol);
-  compare("layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {{67, 768}, {768}, {768}}, dt, tol);
-  compare("attention", [](auto& v) { return causal_attention(v[0], v[1], v[2]); },
-          {{2, 3, 65, 64}, {2, 3, 65, 64}, {2, 3, 65, 64}}, dt, dt == DType::F32 ? 1e-4 : 2e-2);
+  compare(
+      "gelu", [](auto& v) { return gelu(v[0]); }, {{4097}}, dt, tol);
+  compare(
+      "layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {{67, 768}, {768}, {768}}, dt, tol);
+  compare(
+      "attention", [](auto& v) { return causal_attention(v[0], v[1], v[2]); },
+      {{2, 3, 65, 64}, {2, 3, 65, 64}, {2, 3, 65, 64}}, dt, dt == DType::F32 ? 1e-4 : 2e-2);
   Tensor idx = from_vector<int32_t>({3, 0, 3, 9, 3, 1, 0}, {7});
   compare("embedding", [](auto& v) { return embedding(v[0], v[1]); }, {{10, 48}}, dt, tol, {idx});
   Tensor tg = from_vector<int32_t>({5, 0, -1, 99, 42}, {5});

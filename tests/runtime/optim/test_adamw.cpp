@@ -1,7 +1,7 @@
 // AdamW: one step against the formula in double, and convergence on a quadratic.
-#include <gtest/gtest.h>
-
 #include <cmath>
+
+#include <gtest/gtest.h>
 
 #include "runtime/bt.h"
 

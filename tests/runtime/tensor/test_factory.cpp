@@ -1,7 +1,7 @@
 // Factories, dtype conversions and the seeded generators.
-#include <gtest/gtest.h>
-
 #include <cmath>
+
+#include <gtest/gtest.h>
 
 #include "runtime/bt.h"
 
@@ -65,7 +65,11 @@ TEST(Factory, RandomDistributions) {
   EXPECT_NEAR(s, 1.0, 0.02);
   auto u = uniform({100000}, -2, 3, {}, &g).to_vector<double>();
   double lo = 1e9, hi = -1e9, mu = 0;
-  for (double x : u) { lo = std::min(lo, x); hi = std::max(hi, x); mu += x; }
+  for (double x : u) {
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+    mu += x;
+  }
   EXPECT_GE(lo, -2.0);
   EXPECT_LT(hi, 3.0);
   EXPECT_NEAR(mu / u.size(), 0.5, 0.03);
