@@ -24,8 +24,12 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   if (!g.defined()) return {};
   AutogradMeta& m = autograd::meta(leaf_);
   if (!m.grad.defined()) {
-    // A fresh buffer: the incoming gradient may alias another tensor's.
-    m.grad = g.dtype() == leaf_.dtype() ? g.contiguous().clone() : g.to(leaf_.dtype());
+    // A fresh buffer: the incoming gradient may alias another tensor's. Casts
+    // and contiguous() of a non-contiguous view already produce one.
+    if (g.dtype() != leaf_.dtype())
+      m.grad = g.to(leaf_.dtype());
+    else
+      m.grad = g.is_contiguous() ? g.clone() : g.contiguous();
   } else {
     BT_CHECK(m.grad.shape() == leaf_.shape(), "the .grad of a tensor of shape ", shape_str(leaf_.shape()),
              " has shape ", shape_str(m.grad.shape()));
