@@ -15,6 +15,25 @@ Tensor bhtd(const Tensor& t) { return t.strides()[3] == 1 ? t : t.contiguous(); 
 
 kernels::AttnStrides strides_of(const Tensor& t) { return {t.strides()[0], t.strides()[1], t.strides()[2]}; }
 
+/// Fills the fields AttnForward and AttnBackward share: dtype, shape, scale, q/k/v/o.
+template <typename Args>
+Args attn_args(const kernels::AttnShape& s, float scale, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& o) {
+  Args a;
+  a.dt = q.dtype();
+  a.shape = s;
+  a.scale = scale;
+  a.q = q.data_ptr();
+  a.sq = strides_of(q);
+  a.k = k.data_ptr();
+  a.sk = strides_of(k);
+  a.v = v.data_ptr();
+  a.sv = strides_of(v);
+  a.o = o.data_ptr();
+  a.so = strides_of(o);
+  return a;
+}
+
 }  // namespace
 
 Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale) {
@@ -34,18 +53,7 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
       static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(s.D, 1))));
   Tensor o = empty(q.shape(), q.options());
   Tensor lse = empty({s.B, s.H, s.T}, TensorOptions{DType::F32, q.device()});
-  kernels::AttnForward f;
-  f.dt = q.dtype();
-  f.shape = s;
-  f.scale = sc;
-  f.q = q.data_ptr();
-  f.sq = strides_of(q);
-  f.k = k.data_ptr();
-  f.sk = strides_of(k);
-  f.v = v.data_ptr();
-  f.sv = strides_of(v);
-  f.o = o.data_ptr();
-  f.so = strides_of(o);
+  auto f = attn_args<kernels::AttnForward>(s, sc, q, k, v, o);
   f.lse = lse.data<float>();
   if (o.numel() > 0)
     detail::on_device(
@@ -61,18 +69,7 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
           Tensor dout = bhtd(g[0]);
           Tensor dq = empty(q.shape(), q.options()), dk = empty(q.shape(), q.options()),
                  dv = empty(q.shape(), q.options());
-          kernels::AttnBackward b;
-          b.dt = q.dtype();
-          b.shape = s;
-          b.scale = sc;
-          b.q = q.data_ptr();
-          b.sq = strides_of(q);
-          b.k = k.data_ptr();
-          b.sk = strides_of(k);
-          b.v = v.data_ptr();
-          b.sv = strides_of(v);
-          b.o = o.data_ptr();
-          b.so = strides_of(o);
+          auto b = attn_args<kernels::AttnBackward>(s, sc, q, k, v, o);
           b.dout = dout.data_ptr();
           b.sdo = strides_of(dout);
           b.lse = lse.data<float>();
