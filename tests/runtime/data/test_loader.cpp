@@ -4,18 +4,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include "kernels/common/error.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/shard.h"
+#include "tests/support/temp_dir.h"
 
 namespace bt {
 namespace {
@@ -26,17 +25,6 @@ using Rows = std::vector<std::vector<int32_t>>;
 
 class LoaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::random_device rd;
-    dir_ = fs::temp_directory_path() / ("bt_loader_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(rd()) + "_" + std::to_string(rd()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
   // Shards whose tokens continue one counter (mod 65536) across shards.
   std::string write_shards(const std::vector<int64_t>& sizes, int64_t start = 0) {
     int64_t next = start;
@@ -45,12 +33,12 @@ class LoaderTest : public ::testing::Test {
       for (auto& t : tokens) t = static_cast<uint16_t>(next++ % 65536);
       char name[32];
       std::snprintf(name, sizeof(name), "shard_%03zu.bin", s);
-      write_shard((dir_ / name).string(), tokens);
+      write_shard(tmp_.file(name), tokens);
     }
-    return (dir_ / "shard_*.bin").string();
+    return tmp_.file("shard_*.bin");
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"bt_loader_test"};
 };
 
 std::vector<int32_t> values(const Tensor& t) { return t.to_vector<int32_t>(); }
@@ -246,7 +234,7 @@ TEST_F(LoaderTest, DestructorWithFullQueueDoesNotHang) {
 
 TEST_F(LoaderTest, WorkerErrorsAreRethrownFromNext) {
   const std::string g = write_shards({4000});
-  const std::string shard = (dir_ / "shard_000.bin").string();
+  const std::string shard = tmp_.file("shard_000.bin");
   TokenLoader loader(g, 4, 16, 0, 1, 0, /*shuffle=*/false);
   fs::resize_file(shard, 1024);  // truncated after the loader opened it
   std::string msg;
@@ -269,7 +257,7 @@ TEST_F(LoaderTest, BadArguments) {
   EXPECT_THROW(TokenLoader(g, -1, 16), Error);
   EXPECT_THROW(TokenLoader(g, 2, 16, 2, 2), Error);
   EXPECT_THROW(TokenLoader(g, 2, 16, -1, 2), Error);
-  const std::string missing = (dir_ / "nope_*.bin").string();
+  const std::string missing = tmp_.file("nope_*.bin");
   const std::string msg = message_of([&] { TokenLoader(missing, 2, 16); });
   EXPECT_NE(msg.find(missing), std::string::npos) << msg;
 }

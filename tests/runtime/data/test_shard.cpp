@@ -5,15 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include "kernels/common/error.h"
 #include "runtime/data/shard.h"
+#include "tests/support/temp_dir.h"
 
 namespace bt {
 namespace {
@@ -22,17 +21,7 @@ namespace fs = std::filesystem;
 
 class ShardTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::random_device rd;
-    dir_ = fs::temp_directory_path() / ("bt_shard_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(rd()) + "_" + std::to_string(rd()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.file(name); }
 
   // Writes raw header ints and `ntok_bytes` bytes of token data.
   void write_raw(const std::string& p, int32_t magic, int32_t version, int32_t n, size_t token_bytes) {
@@ -46,7 +35,7 @@ class ShardTest : public ::testing::Test {
     f.write(data.data(), static_cast<std::streamsize>(data.size()));
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"bt_shard_test"};
 };
 
 std::string message_of(const std::function<void()>& f) {
