@@ -1,0 +1,74 @@
+// Weight-exchange files: one HDF5 file holding a model's parameters by name, the
+// format BluTrain and the PyTorch reference (bench/gpt2_ref.py) share for
+// fidelity tests (`blutrain train --save-init / --save-weights / --init`).
+//
+// Format "blutrain-weights", version 1:
+//   - one float32 dataset per parameter in the root group, named exactly as the
+//     parameter ("h.0.attn.c_attn.weight": dots are part of the name, there are
+//     no subgroups), with exactly the parameter's shape (Linear weights [out, in]);
+//   - root attributes: string `format` = "blutrain-weights", int64 `version` = 1,
+//     and int64 scalars describing the model (n_layer, n_head, n_embd, seq_len,
+//     vocab_size, padded_vocab for GPT-2);
+//   - the root group tracks link creation order, so readers list the datasets in
+//     the order they were written (h5py: File(..., track_order=True)).
+// Files are written to PATH.tmp and renamed, so a reader never sees a partial
+// file and a failed save leaves an existing PATH untouched.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/tensor/tensor.h"
+
+namespace bt {
+
+inline constexpr const char* kWeightsFormat = "blutrain-weights";
+inline constexpr int64_t kWeightsVersion = 1;
+
+/// The contents of a weights file.
+struct WeightFile {
+  /// Where it was read from (for error messages).
+  std::string path;
+  /// The int64 root attributes other than `format` and `version` (those two are
+  /// validated by load_weights and not repeated here).
+  std::map<std::string, int64_t> attrs;
+  /// Contiguous CPU f32 tensors, in file order: the order they were written when
+  /// the file tracks creation order (save_weights and gpt2_ref.py files do), else
+  /// name order.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+
+  /// The tensor called `name`, or nullptr.
+  const Tensor* find(const std::string& name) const;
+};
+
+/// Writes `named` (any device; dtype f32 or bf16, saved as f32) and `attrs` (int64
+/// scalar root attributes; `format` and `version` are added and may not be given)
+/// to `path`, atomically: it writes `path + ".tmp"`, fsyncs it and renames it over
+/// `path`. Throws bt::Error for an empty, duplicate or '/'-containing name, another
+/// dtype, a missing parent directory or any HDF5/IO failure; on failure `path` is
+/// left as it was and the temporary file is removed.
+void save_weights(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& named,
+                  const std::map<std::string, int64_t>& attrs);
+
+/// Reads a weights file. Throws bt::Error for a missing file, a file that is not
+/// HDF5 (or is corrupt or truncated), a `format` other than "blutrain-weights", a
+/// newer `version`, an attribute that is not an integer scalar, a root object that
+/// is not a dataset, or a dataset that is not float32.
+WeightFile load_weights(const std::string& path);
+
+/// Throws bt::Error unless every attribute in `expected` is present in `file`
+/// with the same value (e.g. the model config: n_layer, n_embd, ...). Attributes
+/// in the file but not in `expected` are ignored.
+void check_weight_attrs(const WeightFile& file, const std::map<std::string, int64_t>& expected);
+
+/// Copies each of `params` (any device and floating dtype; converted) from the
+/// file tensor of the same name, under NoGradGuard. Everything is checked before
+/// anything is copied; throws bt::Error naming the tensor for a parameter missing
+/// from the file, a file tensor no parameter takes, or a shape mismatch (both
+/// shapes printed).
+void load_into(const WeightFile& file, const std::vector<std::pair<std::string, Tensor>>& params);
+
+}  // namespace bt
