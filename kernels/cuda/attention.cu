@@ -1,5 +1,10 @@
-// CUDA causal flash-style attention (SIMT, fp32 accumulation; no tensor cores yet).
+// CUDA causal flash-style attention: dispatch, and the SIMT kernels (fp32
+// accumulation) that serve F32 and every case the tensor-core path does not.
+// BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), scale > 0 and
+// 16-byte aligned rows goes to kernels/cuda/attention_mma.cu instead (which
+// computes the backward's Di in its dQ pass, into the same scratch).
 //
+// SIMT kernels:
 // Layout of work: D is padded to DP in {16, 32, 64, 128} (padded dims are zero
 // and never written). A row (query or key) is owned by TPR = DP / 16 adjacent
 // lanes; lane `part` of the group owns dims part + TPR * c, c < 16. Dot products
@@ -18,6 +23,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace bt::kernels::cuda {
@@ -318,6 +324,10 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
     if (g.B * g.H * g.T == 0) return;
     BT_CHECK(a.q && a.k && a.v && a.o, "cuda attention_forward: null q, k, v or o");
     BT_CHECK(g.D >= 1, "cuda attention_forward: head dim D must be at least 1");
+    if (detail::attention_forward_mma_ok(a)) {
+      detail::attention_forward_mma(a, stream);
+      return;
+    }
     with_dp(padded_d(g.D), [&](auto dpc) {
       constexpr int DP = decltype(dpc)::value;
       constexpr int BR = kThreads / (DP / kPerLane);
@@ -347,6 +357,10 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
              "floats)");
     const int64_t rows = g.B * g.H * g.T;
     BT_CHECK(ceil_div(rows, 8) < INT_MAX, "cuda attention_backward: too many rows");
+    if (detail::attention_backward_mma_ok(a)) {
+      detail::attention_backward_mma(a, scratch, stream);  // computes Di itself
+      return;
+    }
     attn_bwd_dot_kernel<T><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(a, g, scratch);
     BT_KERNEL_CHECK();
     with_dp(padded_d(g.D), [&](auto dpc) {

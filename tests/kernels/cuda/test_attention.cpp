@@ -1,6 +1,10 @@
 // GPU causal attention forward/backward against the CPU kernels: T not a
 // multiple of the tiles, several head dims, contiguous and fused-QKV strides.
+// The TensorCore* tests aim at the bf16 mma.sync path (D in {32, 64, 128},
+// 16-byte aligned rows) against the CPU float64 kernels on the same bf16
+// values, plus its determinism and the SIMT fallback for unaligned rows.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -141,6 +145,179 @@ TEST(CudaAttention, MatchesCpu) {
     run_case(dt, {1, 2, 33, 128, true}, gen);
     run_case(dt, {1, 1, 100, 40, false}, gen);  // D padded to 64
     run_case(dt, {1, 1, 31, 1, false}, gen);    // D padded to 16
+  }
+}
+
+/// Fused [B, T, 3, H, D] q/k/v (each t-row padded by `t_pad` elements) in bf16
+/// on the GPU; the CPU float64 kernels on the same values are the reference.
+/// The GPU backward consumes the GPU forward's o and lse, as in training.
+/// Gradients land in a fused buffer of the same layout.
+void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t_pad = 0) {
+  SCOPED_TRACE(::testing::Message() << "bf16 vs f64: B " << c.B << " H " << c.H << " T " << c.T << " D "
+                                    << c.D << " stddev " << stddev << " t_pad " << t_pad);
+  const DType dt = DType::BF16;
+  const AttnShape s{c.B, c.H, c.T, c.D};
+  const int64_t n = c.B * c.H * c.T * c.D, row = 3 * c.H * c.D + t_pad, total = c.B * c.T * row;
+  const AttnStrides sqkv{c.T * row, c.D, row};
+  const int64_t oq = 0, ok = c.H * c.D, ov = 2 * c.H * c.D;
+  const AttnStrides so = kernels::contiguous_bhtd(s);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  const HostBuf qkv = randn_buf(dt, total, gen, stddev), dout = randn_buf(dt, n, gen);
+  HostBuf qkv64(DType::F64, qkv.vals()), dout64(DType::F64, dout.vals());
+  const auto at64 = [](HostBuf& h, int64_t off) { return h.as<double>() + off; };
+
+  // ---- float64 reference forward
+  HostBuf o64(DType::F64, n), g64(DType::F64, total);
+  std::vector<float> lse64(static_cast<size_t>(c.B * c.H * c.T));
+  AttnForward f;
+  f.dt = DType::F64;
+  f.shape = s;
+  f.scale = scale;
+  f.q = at64(qkv64, oq), f.sq = sqkv;
+  f.k = at64(qkv64, ok), f.sk = sqkv;
+  f.v = at64(qkv64, ov), f.sv = sqkv;
+  f.o = o64.data(), f.so = so;
+  f.lse = lse64.data();
+  cpu::attention_forward(f);
+
+  // ---- GPU, bf16
+  DevBuf d_qkv(qkv), d_o(static_cast<size_t>(n) * 2), d_lse(lse64.size() * sizeof(float)), d_dout(dout),
+      d_grads(static_cast<size_t>(total) * 2),
+      scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
+  d_o.poison();
+  d_lse.poison();
+  d_grads.poison();
+  scratch.poison();
+  const auto dev = [](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * 2; };
+  AttnForward fg;
+  fg.dt = dt;
+  fg.shape = s;
+  fg.scale = scale;
+  fg.q = dev(d_qkv, oq), fg.sq = sqkv;
+  fg.k = dev(d_qkv, ok), fg.sk = sqkv;
+  fg.v = dev(d_qkv, ov), fg.sv = sqkv;
+  fg.o = d_o.get(), fg.so = so;
+  fg.lse = d_lse.as<float>();
+  cuda::attention_forward(fg, nullptr);
+  BT_EXPECT_REL(d_o.to_host(dt, n).vals(), o64.vals(), tol(dt), "o");
+  BT_EXPECT_REL(to_doubles(d_lse.to_vector<float>(lse64.size())), to_doubles(lse64), 1e-5, "lse");
+
+  // ---- float64 reference backward. Its Di = rowsum(dO * O) uses the bf16 o the
+  // GPU backward gets, so that only the kernels' arithmetic is compared.
+  HostBuf o_used(DType::F64, d_o.to_host(dt, n).vals());
+  AttnBackward bw;
+  bw.dt = DType::F64;
+  bw.shape = s;
+  bw.scale = scale;
+  bw.q = f.q, bw.sq = sqkv;
+  bw.k = f.k, bw.sk = sqkv;
+  bw.v = f.v, bw.sv = sqkv;
+  bw.o = o_used.data(), bw.so = so;
+  bw.dout = dout64.data(), bw.sdo = so;
+  bw.lse = lse64.data();
+  bw.dq = at64(g64, oq), bw.sdq = sqkv;
+  bw.dk = at64(g64, ok), bw.sdk = sqkv;
+  bw.dv = at64(g64, ov), bw.sdv = sqkv;
+  cpu::attention_backward(bw);
+
+  AttnBackward bg;
+  bg.dt = dt;
+  bg.shape = s;
+  bg.scale = scale;
+  bg.q = fg.q, bg.sq = sqkv;
+  bg.k = fg.k, bg.sk = sqkv;
+  bg.v = fg.v, bg.sv = sqkv;
+  bg.o = d_o.get(), bg.so = so;
+  bg.dout = d_dout.get(), bg.sdo = so;
+  bg.lse = d_lse.as<float>();
+  bg.dq = dev(d_grads, oq), bg.sdq = sqkv;
+  bg.dk = dev(d_grads, ok), bg.sdk = sqkv;
+  bg.dv = dev(d_grads, ov), bg.sdv = sqkv;
+  cuda::attention_backward(bg, scratch.as<float>(), nullptr);
+  const HostBuf grads = d_grads.to_host(dt, total);
+  BT_EXPECT_REL(gather(grads, positions(s, sqkv, oq)), gather(g64, positions(s, sqkv, oq)), tol(dt), "dq");
+  BT_EXPECT_REL(gather(grads, positions(s, sqkv, ok)), gather(g64, positions(s, sqkv, ok)), tol(dt), "dk");
+  BT_EXPECT_REL(gather(grads, positions(s, sqkv, ov)), gather(g64, positions(s, sqkv, ov)), tol(dt), "dv");
+  if (t_pad > 0) {  // the padding between rows is no element of any view: still poisoned
+    int64_t written = 0;
+    for (int64_t r = 0; r < c.B * c.T; ++r)
+      for (int64_t e = 3 * c.H * c.D; e < row; ++e) written += !std::isnan(grads.get(r * row + e));
+    EXPECT_EQ(written, 0) << "gradient kernels wrote into the padding between rows";
+  }
+}
+
+TEST(CudaAttention, TensorCorePathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 64, true}, gen);
+  run_vs_f64({1, 2, 1024, 64, true}, gen);
+  run_vs_f64({2, 2, 200, 64, true}, gen, 2.5);     // peaked softmax: large running-max corrections
+  run_vs_f64({2, 2, 130, 64, true}, gen, 1.0, 8);  // padded rows, still 16-byte aligned
+  run_vs_f64({2, 3, 150, 32, true}, gen);
+  run_vs_f64({1, 2, 150, 128, true}, gen);  // tensor-core forward, SIMT backward
+}
+
+TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  run_vs_f64({2, 2, 70, 64, true}, gen, 1.0, 1);  // t stride 3HD + 1: rows not 16-byte aligned
+}
+
+/// Bytes of a device buffer.
+std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsigned char>(d.bytes()); }
+
+TEST(CudaAttention, TensorCorePathIsDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const DType dt = DType::BF16;
+  const int64_t B = 2, H = 3, T = 333, D = 64;
+  const AttnShape s{B, H, T, D};
+  const int64_t n = B * H * T * D;
+  const AttnStrides sqkv{T * 3 * H * D, D, 3 * H * D}, so = kernels::contiguous_bhtd(s);
+  DevBuf d_qkv(randn_buf(dt, 3 * n, gen)), d_dout(randn_buf(dt, n, gen));
+  const auto dev = [](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * 2; };
+  std::vector<unsigned char> o_first, lse_first, g_first;
+  for (int run = 0; run < 2; ++run) {
+    DevBuf d_o(static_cast<size_t>(n) * 2), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
+        d_grads(static_cast<size_t>(3 * n) * 2),
+        scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
+    d_o.poison();
+    d_lse.poison();
+    d_grads.poison();
+    scratch.poison();
+    AttnForward f;
+    f.dt = dt;
+    f.shape = s;
+    f.scale = 0.125f;
+    f.q = dev(d_qkv, 0), f.k = dev(d_qkv, H * D), f.v = dev(d_qkv, 2 * H * D);
+    f.sq = f.sk = f.sv = sqkv;
+    f.o = d_o.get(), f.so = so;
+    f.lse = d_lse.as<float>();
+    cuda::attention_forward(f, nullptr);
+    AttnBackward b;
+    b.dt = dt;
+    b.shape = s;
+    b.scale = f.scale;
+    b.q = f.q, b.k = f.k, b.v = f.v;
+    b.sq = b.sk = b.sv = b.sdq = b.sdk = b.sdv = sqkv;
+    b.o = d_o.get(), b.so = so;
+    b.dout = d_dout.get(), b.sdo = so;
+    b.lse = d_lse.as<float>();
+    b.dq = dev(d_grads, 0), b.dk = dev(d_grads, H * D), b.dv = dev(d_grads, 2 * H * D);
+    cuda::attention_backward(b, scratch.as<float>(), nullptr);
+    if (run == 0) {
+      o_first = bytes_of(d_o), lse_first = bytes_of(d_lse), g_first = bytes_of(d_grads);
+      continue;
+    }
+    EXPECT_EQ(first_byte_mismatch(bytes_of(d_o), o_first, 2), -1) << "o differs between two runs";
+    EXPECT_EQ(first_byte_mismatch(bytes_of(d_lse), lse_first, 4), -1) << "lse differs between two runs";
+    EXPECT_EQ(first_byte_mismatch(bytes_of(d_grads), g_first, 2), -1) << "dq/dk/dv differ between two runs";
   }
 }
 

@@ -1,0 +1,791 @@
+// Causal attention on the tensor cores (BF16, fp32 accumulation), in the
+// FlashAttention-2 form, with mma.sync.m16n8k16 + ldmatrix + cp.async
+// (kernels/cuda/mma.cuh has the PTX and the fragment layouts). Dispatched from
+// kernels/cuda/attention.cu when attention_*_mma_ok() says the rows are 16-byte
+// aligned and D is supported; the SIMT kernels there handle everything else.
+//
+// Shared-memory tiles. Every tile is [rows][D] bf16, row-major, loaded with
+// 16-byte cp.async (rows past T are zero-filled). The 16-byte chunk c of row r
+// is stored at chunk c ^ (r & 7) (D >= 64) or c ^ ((r >> 1) & 3) (D = 32), so
+// the 8 row addresses of every ldmatrix hit 8 different bank groups.
+//
+// Warps own 16-row slabs ("m16"), so everything a warp needs for its softmax is
+// in its own registers: no shared-memory reductions anywhere.
+//
+// Forward (one block = BM = 16 * MT * NW query rows of one (b, h); NW warps,
+// each MT slabs of 16 rows): Q fragments (A operand, ldmatrix from the Q tile)
+// stay in registers; K/V tiles of BN keys stream through a double buffer up to
+// the last key the block can see. Per tile and warp:
+//   S = Q K^T      A = Q (regs), B = K tile [key][d] (n-major: plain ldmatrix)
+//   online softmax on S in base 2 (scale * log2 e folded in); a row's 16 x 8
+//   accumulator fragment is spread over the 4 lanes of a quad (lanes 4g..4g+3
+//   own rows g and g + 8), so row max / sum need two xor-shuffles
+//   O += P V       A = P, converted in registers from the S accumulators
+//                  (accumulator tiles 2k and 2k+1 are exactly the A fragment of
+//                  k-step k), B = V tile [key][d] (k-major: ldmatrix.trans)
+// then O / l is staged through the (no longer needed) Q tile and written with
+// 16-byte stores, and lse = ln 2 * (m + log2 l).
+//
+// Backward (deterministic: every output element is written once by one thread,
+// no atomics), two passes that each recompute P = exp2(S scale log2 e - lse log2 e):
+//   dQ pass first, one block per BM = 16 * NW queries, warp = 16 queries. It
+//   first computes Di = rowsum(dO * O) of its rows (16-byte loads, quad sums)
+//   and writes it to the scratch, then walks the key tiles (BN keys, K/V
+//   double-buffered) up to the diagonal:
+//     S = Q K^T, dP = dO V^T (A = Q / dO from registers, B = K / V tiles, plain
+//     ldmatrix), dS = P (dP - Di), dQ += dS K (A = dS from the accumulators,
+//     B = K tile through .trans)
+//   dK/dV pass, one block per BN = 16 * NW keys, warp = 16 keys; it walks the
+//   query tiles (BM rows; Q, dO, lse, Di double-buffered) from the diagonal on:
+//     S^T  = K Q^T    A = K (regs), B = Q tile (plain ldmatrix)
+//     dP^T = V dO^T   A = V (regs), B = dO tile (plain ldmatrix)
+//     P^T, dS^T = P^T (dP^T - Di)
+//     dV += P^T dO    A = P^T from the S^T accumulators, B = dO tile (.trans)
+//     dK += dS^T Q    A = dS^T from the dP^T accumulators, B = Q tile (.trans)
+// Recomputing P in both passes costs 7 tile products instead of FA-2's 5, but
+// keeps dQ free of atomics. dK and dQ are scaled by `scale` at the end.
+// Exponentials are ex2.approx.ftz with the scale folded into one FFMA.
+//
+// Configurations (attention_*_mma below) were picked by timing variants on an
+// H100 at B 16, H 12, T 1024, D 64: forward 8 warps x 16 rows (BM 128), BN 64,
+// 2 blocks/SM; dQ 4 warps (BM 64), BN 32; dK/dV 4 warps (BN 64), BM 64, with
+// the register cap of 3 blocks/SM.
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace bt::kernels::cuda::detail {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct MmaFwd {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* v;
+  bf16_t* o;
+  float* lse;
+  AttnStrides sq, sk, sv, so;
+  int64_t B, H, T, tiles;
+  float scale_log2;
+};
+
+struct MmaBwd {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* v;
+  const bf16_t* o;
+  const bf16_t* dout;
+  const float* lse;
+  float* di;  // written by the dQ pass, read by the dK/dV pass
+  bf16_t* dq;
+  bf16_t* dk;
+  bf16_t* dv;
+  AttnStrides sq, sk, sv, so, sdo, sdq, sdk, sdv;
+  int64_t B, H, T, tiles;
+  float scale, scale_log2;
+};
+
+/// Element offset of chunk `c` (8 bf16) of row `r` in a swizzled [rows][D] tile.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  if constexpr (D >= 64) {
+    return r * D + ((c ^ (r & 7)) << 3);
+  } else {
+    static_assert(D == 32, "swizzle for D = 32, 64, 128");
+    return r * D + ((c ^ ((r >> 1) & 3)) << 3);
+  }
+}
+
+/// Async copy of rows [row0, row0 + ROWS) of a [T, D] slab with row stride `st`
+/// into a swizzled tile; rows >= T become zeros. All NT threads take part.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(bf16_t* tile, const bf16_t* g, int64_t st, int64_t row0,
+                                          int64_t T) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+  static_assert(kTotal % NT == 0, "tile chunks must divide evenly among the threads");
+#pragma unroll
+  for (int it = 0; it < kTotal / NT; ++it) {
+    const int i = it * NT + static_cast<int>(threadIdx.x);
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t t = row0 + r;
+    const bool ok = t < T;
+    cp_async16(smem_u32(tile + swz<D>(r, c)), g + (ok ? t * st + c * 8 : 0), ok);
+  }
+}
+
+/// Async copy of floats [row0, row0 + N) of `src` (zeros past T).
+template <int N, int NT>
+__device__ __forceinline__ void load_vec(float* dst, const float* src, int64_t row0, int64_t T) {
+  for (int i = threadIdx.x; i < N; i += NT) {
+    const int64_t t = row0 + i;
+    const bool ok = t < T;
+    cp_async4(smem_u32(dst + i), src + (ok ? t : 0), ok);
+  }
+}
+
+/// A fragment (16 x 16) of rows r0..r0+15, k-step ks, from a row-major [m][k] tile.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* tile, int r0, int ks, int lane) {
+  const int r = r0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int c = ks * 2 + ((lane >> 4) & 1);
+  ldmatrix_x4(a, smem_u32(tile + swz<D>(r, c)));
+}
+
+/// B fragments of n-tiles n0 and n0 + 8 at k-step ks from an n-major [n][k]
+/// tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
+template <int D>
+__device__ __forceinline__ void load_b_nmajor(uint32_t (&b)[4], const bf16_t* tile, int n0, int ks,
+                                              int lane) {
+  const int r = n0 + (lane & 7) + ((lane >> 4) & 1) * 8;
+  const int c = ks * 2 + ((lane >> 3) & 1);
+  ldmatrix_x4(b, smem_u32(tile + swz<D>(r, c)));
+}
+
+/// B fragments of n-tiles n0 and n0 + 8 for k rows k0..k0+15 from a k-major
+/// [k][n] tile (through .trans): b[0], b[1] for n0; b[2], b[3] for n0 + 8.
+template <int D>
+__device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[4], const bf16_t* tile, int k0, int n0,
+                                              int lane) {
+  const int r = k0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int c = (n0 >> 3) + ((lane >> 4) & 1);
+  ldmatrix_x4_trans(b, smem_u32(tile + swz<D>(r, c)));
+}
+
+/// The A fragment of one k-step from the two 16 x 8 accumulator tiles that cover it.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+/// Writes a warp's 16 x D fp32 accumulators (times `mul`) as bf16 into rows
+/// r0..r0+15 of a swizzled tile.
+template <int D>
+__device__ __forceinline__ void stage_acc(bf16_t* tile, int r0, const float (&acc)[D / 8][4], float mul,
+                                          int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      *reinterpret_cast<uint32_t*>(tile + swz<D>(r0 + g + 8 * hf, dt) + 2 * t) =
+          pack_bf16(acc[dt][2 * hf] * mul, acc[dt][2 * hf + 1] * mul);
+}
+
+/// A warp copies rows r0..r0+ROWS-1 of a swizzled tile to global rows
+/// grow0.. (those < T) with 16-byte stores.
+template <int D, int ROWS>
+__device__ __forceinline__ void store_rows(const bf16_t* tile, int r0, bf16_t* g, int64_t st, int64_t grow0,
+                                           int64_t T, int lane) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+  static_assert(kTotal % 32 == 0, "rows * chunks must be a multiple of the warp");
+#pragma unroll
+  for (int it = 0; it < kTotal / 32; ++it) {
+    const int i = it * 32 + lane;
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t t = grow0 + r;
+    if (t < T)
+      *reinterpret_cast<uint4*>(g + t * st + c * 8) =
+          *reinterpret_cast<const uint4*>(tile + swz<D>(r0 + r, c));
+  }
+}
+
+/// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero: no probability that
+/// small changes a sum that is at least 1, nor a bf16 operand of the tile products).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ------------------------------------------------------------------ forward
+template <int D, int MT, int NW, int BN, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFwd p) {
+  constexpr int kThreads = NW * 32, BM = 16 * MT * NW, KS = D / 16, NTL = BN / 8, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* qs = reinterpret_cast<bf16_t*>(smem_raw);  // [BM][D]
+  bf16_t* ks = qs + BM * D;                          // [2][BN][D]
+  bf16_t* vs = ks + 2 * BN * D;                      // [2][BN][D]
+
+  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+  const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
+  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t q0 = tile * BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const bf16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const bf16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+
+  const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
+  const int nkt = static_cast<int>((kend + BN - 1) / BN);
+  load_tile<D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
+  load_tile<D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
+  load_tile<D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
+  cp_async_commit();
+
+  const int wrow = warp * 16 * MT;
+  const int64_t wq0 = q0 + wrow, wq_last = wq0 + 16 * MT - 1;
+  uint32_t qf[MT][KS][4];
+  float o[MT][DT][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
+
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * BN;
+    if (kt + 1 < nkt) {
+      const int nb = (kt + 1) & 1;
+      load_tile<D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
+      load_tile<D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (kt == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) load_a<D>(qf[mt][kk], qs, wrow + mt * 16, kk, lane);
+    }
+    const bf16_t* kb = ks + (kt & 1) * BN * D;
+    const bf16_t* vb = vs + (kt & 1) * BN * D;
+    if (k0 <= wq_last && wq0 < T) {  // warp-uniform: some key of the tile is visible to the warp
+      float s[MT][NTL][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int np = 0; np < NTL / 2; ++np) {
+          uint32_t bf[4];
+          load_b_nmajor<D>(bf, kb, np * 16, kk, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16_16816(s[mt][2 * np], qf[mt][kk], bf[0], bf[1]);
+            mma_bf16_16816(s[mt][2 * np + 1], qf[mt][kk], bf[2], bf[3]);
+          }
+        }
+      const bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > T;
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int64_t row = wq0 + mt * 16 + g + (e >> 1) * 8;
+              const int64_t col = k0 + nt * 8 + 2 * tq + (e & 1);
+              if (col > row || col >= T) s[mt][nt][e] = -INFINITY;
+            }
+      }
+      // Online softmax in base 2 (scale > 0, so the max of the raw scores gives
+      // the max of the scaled ones): rows (mt, hf) of this lane are g + 8 * hf;
+      // m is kept in scaled log2 units and p = 2^(s * scale log2 e - m), one FFMA.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < NTL; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+          mx = quad_max(mx) * p.scale_log2;
+          const float m_new = fmaxf(m[mt][hf], mx);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          const float corr = fast_exp2(m[mt][hf] - m_use);
+          m[mt][hf] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const float pv = fast_exp2(fmaf(s[mt][nt][2 * hf + j], p.scale_log2, -m_use));
+              s[mt][nt][2 * hf + j] = pv;
+              sum += pv;
+            }
+          l[mt][hf] = l[mt][hf] * corr + sum;
+#pragma unroll
+          for (int dt = 0; dt < DT; ++dt) {
+            o[mt][dt][2 * hf] *= corr;
+            o[mt][dt][2 * hf + 1] *= corr;
+          }
+        }
+        // O += P V
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          uint32_t bf[4];
+          load_b_kmajor<D>(bf, vb, kk * 16, dp * 16, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16_16816(o[mt][2 * dp], pa[mt], bf[0], bf[1]);
+            mma_bf16_16816(o[mt][2 * dp + 1], pa[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: O / l through this warp's rows of the Q tile (only this warp read them).
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float lt = quad_sum(l[mt][hf]);
+      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[mt][dt][2 * hf] *= inv;
+        o[mt][dt][2 * hf + 1] *= inv;
+      }
+      const int64_t row = wq0 + mt * 16 + g + 8 * hf;
+      if (p.lse && tq == 0 && row < T) p.lse[bh * T + row] = (m[mt][hf] + log2f(lt)) * kLn2;
+    }
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) stage_acc<D>(qs, wrow + mt * 16, o[mt], 1.0f, lane);
+  __syncwarp();
+  store_rows<D, 16 * MT>(qs, wrow, p.o + b * p.so.b + h * p.so.h, p.so.t, wq0, T, lane);
+}
+
+// ------------------------------------------------------------------ backward: dK, dV
+template <int D, int NW, int BM, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const MmaBwd p) {
+  constexpr int kThreads = NW * 32, BN = 16 * NW, KS = D / 16, NQ = BM / 8, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* ks = reinterpret_cast<bf16_t*>(smem_raw);           // [BN][D]
+  bf16_t* vs = ks + BN * D;                                   // [BN][D]
+  bf16_t* qs = vs + BN * D;                                   // [2][BM][D]
+  bf16_t* dos = qs + 2 * BM * D;                              // [2][BM][D]
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * BM * D);  // [2][BM]
+  float* di_s = lse_s + 2 * BM;                               // [2][BM]
+
+  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+  const int64_t bh = bid % bh_count, tile = bid / bh_count;  // first key tiles see the most queries
+  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t k0 = tile * BN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const bf16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const bf16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const bf16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const float* lse_g = p.lse + bh * T;
+  const float* di_g = p.di + bh * T;
+
+  const int64_t qt0 = k0 / BM, nqt = (T + BM - 1) / BM;  // query tiles before qt0 see none of the keys
+  load_tile<D, BN, kThreads>(ks, kg, p.sk.t, k0, T);
+  load_tile<D, BN, kThreads>(vs, vg, p.sv.t, k0, T);
+  load_tile<D, BM, kThreads>(qs, qg, p.sq.t, qt0 * BM, T);
+  load_tile<D, BM, kThreads>(dos, dog, p.sdo.t, qt0 * BM, T);
+  load_vec<BM, kThreads>(lse_s, lse_g, qt0 * BM, T);
+  load_vec<BM, kThreads>(di_s, di_g, qt0 * BM, T);
+  cp_async_commit();
+
+  const int wrow = warp * 16;
+  const int64_t wk0 = k0 + wrow;
+  uint32_t kf[KS][4], vf[KS][4];
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+
+  for (int64_t qt = qt0; qt < nqt; ++qt) {
+    const int buf = static_cast<int>((qt - qt0) & 1);
+    if (qt + 1 < nqt) {
+      const int nb = buf ^ 1;
+      const int64_t r1 = (qt + 1) * BM;
+      load_tile<D, BM, kThreads>(qs + nb * BM * D, qg, p.sq.t, r1, T);
+      load_tile<D, BM, kThreads>(dos + nb * BM * D, dog, p.sdo.t, r1, T);
+      load_vec<BM, kThreads>(lse_s + nb * BM, lse_g, r1, T);
+      load_vec<BM, kThreads>(di_s + nb * BM, di_g, r1, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (qt == qt0) {
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        load_a<D>(kf[kk], ks, wrow, kk, lane);
+        load_a<D>(vf[kk], vs, wrow, kk, lane);
+      }
+    }
+    const bf16_t* qb = qs + buf * BM * D;
+    const bf16_t* dob = dos + buf * BM * D;
+    const float* lb = lse_s + buf * BM;
+    const float* db = di_s + buf * BM;
+    const int64_t qq0 = qt * BM;
+    if (qq0 + BM - 1 >= wk0 && wk0 < T) {  // warp-uniform: some query of the tile sees some key
+      float st[NQ][4], dpt[NQ][4];
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int np = 0; np < NQ / 2; ++np) {
+          uint32_t bf[4];
+          load_b_nmajor<D>(bf, qb, np * 16, kk, lane);
+          mma_bf16_16816(st[2 * np], kf[kk], bf[0], bf[1]);
+          mma_bf16_16816(st[2 * np + 1], kf[kk], bf[2], bf[3]);
+          load_b_nmajor<D>(bf, dob, np * 16, kk, lane);
+          mma_bf16_16816(dpt[2 * np], vf[kk], bf[0], bf[1]);
+          mma_bf16_16816(dpt[2 * np + 1], vf[kk], bf[2], bf[3]);
+        }
+      const bool need_mask = qq0 < wk0 + 15 || qq0 + BM > T;
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lb + nt * 8 + 2 * tq);
+        const float2 d2 = *reinterpret_cast<const float2*>(db + nt * 8 + 2 * tq);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int ql = nt * 8 + 2 * tq + j;
+          const float lq = (j ? l2.y : l2.x) * kLog2e, dq = j ? d2.y : d2.x;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int e = 2 * hf + j;
+            float pv = fast_exp2(fmaf(st[nt][e], p.scale_log2, -lq));
+            if (need_mask) {
+              const int64_t key = wk0 + g + 8 * hf, qi = qq0 + ql;
+              if (qi < key || qi >= T) pv = 0.0f;
+            }
+            st[nt][e] = pv;
+            dpt[nt][e] = pv * (dpt[nt][e] - dq);
+          }
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < NQ / 2; ++kk) {
+        uint32_t pa[4], da[4];
+        acc_to_a(pa, st[2 * kk], st[2 * kk + 1]);
+        acc_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          uint32_t bf[4];
+          load_b_kmajor<D>(bf, dob, kk * 16, dp * 16, lane);
+          mma_bf16_16816(dv[2 * dp], pa, bf[0], bf[1]);
+          mma_bf16_16816(dv[2 * dp + 1], pa, bf[2], bf[3]);
+          load_b_kmajor<D>(bf, qb, kk * 16, dp * 16, lane);
+          mma_bf16_16816(dk[2 * dp], da, bf[0], bf[1]);
+          mma_bf16_16816(dk[2 * dp + 1], da, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Epilogue through this warp's rows of the K and V tiles (only this warp read them).
+  stage_acc<D>(ks, wrow, dk, p.scale, lane);
+  stage_acc<D>(vs, wrow, dv, 1.0f, lane);
+  __syncwarp();
+  store_rows<D, 16>(ks, wrow, p.dk + b * p.sdk.b + h * p.sdk.h, p.sdk.t, wk0, T, lane);
+  store_rows<D, 16>(vs, wrow, p.dv + b * p.sdv.b + h * p.sdv.h, p.sdv.t, wk0, T, lane);
+}
+
+// ------------------------------------------------------------------ backward: dQ
+template <int D, int NW, int BN, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const MmaBwd p) {
+  constexpr int kThreads = NW * 32, BM = 16 * NW, KS = D / 16, NTL = BN / 8, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* qs = reinterpret_cast<bf16_t*>(smem_raw);  // [BM][D]
+  bf16_t* dos = qs + BM * D;                         // [BM][D]
+  bf16_t* ks = dos + BM * D;                         // [2][BN][D]
+  bf16_t* vs = ks + 2 * BN * D;                      // [2][BN][D]
+
+  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+  const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
+  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t q0 = tile * BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const bf16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const bf16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const bf16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+
+  const int64_t kend = q0 + BM < T ? q0 + BM : T;
+  const int nkt = static_cast<int>((kend + BN - 1) / BN);
+  load_tile<D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
+  load_tile<D, BM, kThreads>(dos, dog, p.sdo.t, q0, T);
+  load_tile<D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
+  load_tile<D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
+  cp_async_commit();
+
+  const int wrow = warp * 16;
+  const int64_t wq0 = q0 + wrow;
+  // Di = rowsum(dO * O) of this lane's rows g and g + 8 (lane t of the quad
+  // takes the 16-byte chunks t, t + 4, ...), kept in registers and written to
+  // scratch for the dK/dV pass that runs next.
+  const bf16_t* og = p.o + b * p.so.b + h * p.so.h;
+  float lse2[2], dii[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t r = wq0 + g + 8 * hf;
+    const bool ok = r < T;
+    float acc = 0.0f;
+    if (ok) {
+#pragma unroll
+      for (int c = tq; c < DT; c += 4) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(og + r * p.so.t + c * 8);
+        const uint4 dv = *reinterpret_cast<const uint4*>(dog + r * p.sdo.t + c * 8);
+        const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
+        const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&dv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
+          acc = fmaf(of.x, df.x, acc);
+          acc = fmaf(of.y, df.y, acc);
+        }
+      }
+    }
+    dii[hf] = quad_sum(acc);
+    lse2[hf] = ok ? p.lse[bh * T + r] * kLog2e : 0.0f;
+    if (ok && tq == 0) p.di[bh * T + r] = dii[hf];
+  }
+  uint32_t qf[KS][4], dof[KS][4];
+  float dq[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * BN;
+    if (kt + 1 < nkt) {
+      const int nb = (kt + 1) & 1;
+      load_tile<D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
+      load_tile<D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (kt == 0) {
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        load_a<D>(qf[kk], qs, wrow, kk, lane);
+        load_a<D>(dof[kk], dos, wrow, kk, lane);
+      }
+    }
+    const bf16_t* kb = ks + (kt & 1) * BN * D;
+    const bf16_t* vb = vs + (kt & 1) * BN * D;
+    if (k0 <= wq0 + 15 && wq0 < T) {
+      float s[NTL][4], dp[NTL][4];
+#pragma unroll
+      for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int np = 0; np < NTL / 2; ++np) {
+          uint32_t bf[4];
+          load_b_nmajor<D>(bf, kb, np * 16, kk, lane);
+          mma_bf16_16816(s[2 * np], qf[kk], bf[0], bf[1]);
+          mma_bf16_16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+          load_b_nmajor<D>(bf, vb, np * 16, kk, lane);
+          mma_bf16_16816(dp[2 * np], dof[kk], bf[0], bf[1]);
+          mma_bf16_16816(dp[2 * np + 1], dof[kk], bf[2], bf[3]);
+        }
+      const bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > T;
+#pragma unroll
+      for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1;
+          float pv = fast_exp2(fmaf(s[nt][e], p.scale_log2, -lse2[hf]));
+          if (need_mask) {
+            const int64_t row = wq0 + g + 8 * hf, col = k0 + nt * 8 + 2 * tq + (e & 1);
+            if (col > row || col >= T) pv = 0.0f;
+          }
+          s[nt][e] = pv * (dp[nt][e] - dii[hf]);  // dS
+        }
+#pragma unroll
+      for (int kk = 0; kk < NTL / 2; ++kk) {
+        uint32_t da[4];
+        acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int dd = 0; dd < DT / 2; ++dd) {
+          uint32_t bf[4];
+          load_b_kmajor<D>(bf, kb, kk * 16, dd * 16, lane);
+          mma_bf16_16816(dq[2 * dd], da, bf[0], bf[1]);
+          mma_bf16_16816(dq[2 * dd + 1], da, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  stage_acc<D>(qs, wrow, dq, p.scale, lane);
+  __syncwarp();
+  store_rows<D, 16>(qs, wrow, p.dq + b * p.sdq.b + h * p.sdq.h, p.sdq.t, wq0, T, lane);
+}
+
+// ------------------------------------------------------------------ host side
+/// Every [b, h, t] row of the view starts on a 16-byte boundary (strides of
+/// size-1 dims do not matter).
+bool rows_aligned(const void* ptr, const AttnStrides& s, const AttnShape& sh) {
+  return ptr != nullptr && aligned_to(ptr, 16) && (sh.B == 1 || s.b % 8 == 0) &&
+         (sh.H == 1 || s.h % 8 == 0) && (sh.T == 1 || s.t % 8 == 0);
+}
+
+unsigned blocks_for(const AttnShape& s, int64_t tiles, const char* what) {
+  const int64_t blocks = s.B * s.H * tiles;
+  BT_CHECK(blocks > 0 && blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", s.B * s.H, ", tiles ",
+           tiles, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+template <typename Kernel, typename Params>
+void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream, const Params& p) {
+  if (smem > 48 * 1024)
+    BT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<blocks, threads, smem, stream>>>(p);
+  BT_KERNEL_CHECK();
+}
+
+template <int D, int MT, int NW, int BN, int MINB>
+void launch_fwd(const AttnForward& a, cudaStream_t stream) {
+  constexpr int BM = 16 * MT * NW;
+  MmaFwd p{};
+  p.q = static_cast<const bf16_t*>(a.q);
+  p.k = static_cast<const bf16_t*>(a.k);
+  p.v = static_cast<const bf16_t*>(a.v);
+  p.o = static_cast<bf16_t*>(a.o);
+  p.lse = a.lse;
+  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so;
+  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  p.tiles = ceil_div(p.T, BM);
+  p.scale_log2 = a.scale * kLog2e;
+  const size_t smem = static_cast<size_t>(BM + 4 * BN) * D * sizeof(bf16_t);
+  launch(attn_fwd_mma_kernel<D, MT, NW, BN, MINB>, blocks_for(a.shape, p.tiles, "attention_forward"), NW * 32,
+         smem, stream, p);
+}
+
+MmaBwd bwd_params(const AttnBackward& a, float* di) {
+  MmaBwd p{};
+  p.q = static_cast<const bf16_t*>(a.q);
+  p.k = static_cast<const bf16_t*>(a.k);
+  p.v = static_cast<const bf16_t*>(a.v);
+  p.o = static_cast<const bf16_t*>(a.o);
+  p.dout = static_cast<const bf16_t*>(a.dout);
+  p.lse = a.lse;
+  p.di = di;
+  p.dq = static_cast<bf16_t*>(a.dq);
+  p.dk = static_cast<bf16_t*>(a.dk);
+  p.dv = static_cast<bf16_t*>(a.dv);
+  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so, p.sdo = a.sdo, p.sdq = a.sdq, p.sdk = a.sdk,
+  p.sdv = a.sdv;
+  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  p.scale = a.scale;
+  p.scale_log2 = a.scale * kLog2e;
+  return p;
+}
+
+/// dK/dV pass: blocks of 16 * NW keys, query tiles of BM rows.
+template <int D, int NW, int BM, int MINB>
+void launch_dkdv(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
+  p.tiles = ceil_div(p.T, 16 * NW);
+  const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BM) * D * sizeof(bf16_t) + 4 * BM * sizeof(float);
+  launch(attn_bwd_dkdv_mma_kernel<D, NW, BM, MINB>, blocks_for(s, p.tiles, "attention_backward"), NW * 32,
+         smem, stream, p);
+}
+
+/// dQ pass: blocks of 16 * NW queries, key tiles of BN rows.
+template <int D, int NW, int BN, int MINB>
+void launch_dq(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
+  p.tiles = ceil_div(p.T, 16 * NW);
+  const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BN) * D * sizeof(bf16_t);
+  launch(attn_bwd_dq_mma_kernel<D, NW, BN, MINB>, blocks_for(s, p.tiles, "attention_backward"), NW * 32, smem,
+         stream, p);
+}
+
+}  // namespace
+
+bool attention_forward_mma_ok(const AttnForward& a) {
+  const AttnShape& s = a.shape;
+  if (a.dt != DType::BF16 || !(s.D == 32 || s.D == 64 || s.D == 128) || !(a.scale > 0.0f) ||
+      std::isinf(a.scale))
+    return false;
+  return rows_aligned(a.q, a.sq, s) && rows_aligned(a.k, a.sk, s) && rows_aligned(a.v, a.sv, s) &&
+         rows_aligned(a.o, a.so, s);
+}
+
+bool attention_backward_mma_ok(const AttnBackward& a) {
+  const AttnShape& s = a.shape;
+  if (a.dt != DType::BF16 || !(s.D == 32 || s.D == 64) || !(a.scale > 0.0f) || std::isinf(a.scale))
+    return false;
+  return rows_aligned(a.q, a.sq, s) && rows_aligned(a.k, a.sk, s) && rows_aligned(a.v, a.sv, s) &&
+         rows_aligned(a.o, a.so, s) && rows_aligned(a.dout, a.sdo, s) && rows_aligned(a.dq, a.sdq, s) &&
+         rows_aligned(a.dk, a.sdk, s) && rows_aligned(a.dv, a.sdv, s);
+}
+
+void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
+  switch (a.shape.D) {
+    case 32:
+      launch_fwd<32, 1, 8, 64, 2>(a, stream);
+      return;
+    case 64:
+      launch_fwd<64, 1, 8, 64, 2>(a, stream);
+      return;
+    case 128:
+      launch_fwd<128, 1, 4, 64, 1>(a, stream);
+      return;
+    default:
+      BT_ASSERT(false, "attention_forward_mma: unsupported D ", a.shape.D);
+  }
+}
+
+void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t stream) {
+  // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
+  switch (a.shape.D) {
+    case 32:
+      launch_dq<32, 4, 32, 1>(bwd_params(a, di), a.shape, stream);
+      launch_dkdv<32, 4, 64, 1>(bwd_params(a, di), a.shape, stream);
+      return;
+    case 64:
+      launch_dq<64, 4, 32, 1>(bwd_params(a, di), a.shape, stream);
+      launch_dkdv<64, 4, 64, 3>(bwd_params(a, di), a.shape, stream);  // 3 blocks/SM beat no spills
+      return;
+    default:
+      BT_ASSERT(false, "attention_backward_mma: unsupported D ", a.shape.D);
+  }
+}
+
+}  // namespace bt::kernels::cuda::detail
