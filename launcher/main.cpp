@@ -13,11 +13,15 @@ void usage() {
   std::printf(
       "usage: blutrain <command> [options]\n\n"
       "commands:\n"
+      "  train     train a GPT on token shards (no --config: the embedded tiny default)\n"
+      "  sample    sample text from a weights file written by train\n"
+      "  tokenize  GPT-2-tokenize text files into llm.c token shards (PREFIX_{val,train}_*.bin)\n"
+      "  bench     training throughput and memory vs the PyTorch reference, side by side\n"
       "  demo      train a small character-level GPT on a text file and print a sample\n"
       "  info      show the build (CUDA, MPI, MLIR) and the devices found\n"
       "  version   print the version\n\n"
       "Run `blutrain <command> --help` for a command's options.\n"
-      "(train, launch, tokenize, sample, bench, ckpt, slurm and k8s arrive with later milestones)\n");
+      "(launch, ckpt, slurm and k8s arrive with later milestones)\n");
 }
 
 }  // namespace
@@ -29,6 +33,10 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   try {
+    if (cmd == "train") return bt::launcher::run_train(argc - 1, argv + 1);
+    if (cmd == "sample") return bt::launcher::run_sample(argc - 1, argv + 1);
+    if (cmd == "tokenize") return bt::launcher::run_tokenize(argc - 1, argv + 1);
+    if (cmd == "bench") return bt::launcher::run_bench(argc - 1, argv + 1);
     if (cmd == "demo") return bt::launcher::run_demo(argc - 1, argv + 1);
     if (cmd == "info") return bt::launcher::run_info(argc - 1, argv + 1);
     if (cmd == "version" || cmd == "--version") {

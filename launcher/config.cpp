@@ -1,0 +1,258 @@
+#include "launcher/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "kernels/common/error.h"
+
+namespace bt::launcher {
+namespace {
+
+using train::TrainConfig;
+using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Key {
+  const char* name;  // "section.key"
+  std::function<Ref(TrainConfig&)> get;
+  const char* help;
+};
+
+#define BT_KEY(name, member, help)                              \
+  Key {                                                         \
+    name, [](TrainConfig& c) -> Ref { return &c.member; }, help \
+  }
+
+/// Every key a config may set. model.preset is applied first (it picks the
+/// defaults of the other model.* keys); see load_train_config.
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      BT_KEY("model.preset", preset, "tiny | gpt2-124m: defaults for the other model.* keys"),
+      BT_KEY("model.n_layer", model.n_layer, "transformer blocks"),
+      BT_KEY("model.n_head", model.n_head, "attention heads (must divide n_embd)"),
+      BT_KEY("model.n_embd", model.n_embd, "model width"),
+      BT_KEY("model.seq_len", model.seq_len, "context length T (training sequence length)"),
+      BT_KEY("model.vocab_size", model.vocab_size, "real vocabulary (padded to a multiple of 128)"),
+      BT_KEY("data.train", data.train, "glob of llm.c token shards to train on"),
+      BT_KEY("data.val", data.val, "glob of validation shards (empty: no validation)"),
+      BT_KEY("data.shuffle", data.shuffle, "shuffle training windows each epoch"),
+      BT_KEY("data.tokenizer", data.tokenizer, "folder with encoder.json and vocab.bpe (for samples)"),
+      BT_KEY("train.steps", train.steps, "optimizer steps"),
+      BT_KEY("train.batch_size", train.batch_size, "global sequences per optimizer step"),
+      BT_KEY("train.micro_batch", train.micro_batch, "sequences per forward pass per rank"),
+      BT_KEY("train.lr", train.lr, "peak learning rate"),
+      BT_KEY("train.min_lr", train.min_lr, "floor of the cosine decay"),
+      BT_KEY("train.warmup_steps", train.warmup_steps, "linear warmup steps"),
+      BT_KEY("train.weight_decay", train.weight_decay, "AdamW decay on 2-D parameters"),
+      BT_KEY("train.beta1", train.beta1, "AdamW beta1"),
+      BT_KEY("train.beta2", train.beta2, "AdamW beta2"),
+      BT_KEY("train.eps", train.eps, "AdamW epsilon"),
+      BT_KEY("train.grad_clip", train.grad_clip, "global gradient-norm clip (0: off)"),
+      BT_KEY("train.device", train.device, "auto | cpu | cuda | cuda:N"),
+      BT_KEY("train.precision", train.precision, "fp32 | tf32 | bf16"),
+      BT_KEY("train.deterministic", train.deterministic, "bitwise-reproducible runs"),
+      BT_KEY("train.seed", train.seed, "seed of the init, the data order and sampling"),
+      BT_KEY("train.eval_every", train.eval_every, "steps between validation passes (0: at the end only)"),
+      BT_KEY("train.eval_batches", train.eval_batches, "micro-batches per validation pass"),
+      BT_KEY("train.log_every", train.log_every, "steps between plain progress lines"),
+      BT_KEY("train.sample_tokens", train.sample_tokens, "tokens sampled at the end (0: none)"),
+      BT_KEY("train.sample_prompt", train.sample_prompt, "prompt of the final sample"),
+      BT_KEY("train.sample_temperature", train.sample_temperature, "sampling temperature"),
+      BT_KEY("train.sample_top_k", train.sample_top_k, "sample from the k likeliest tokens (0: all)"),
+      BT_KEY("train.save_weights", train.save_weights, "HDF5 weights file written at the end"),
+  };
+  return k;
+}
+#undef BT_KEY
+
+const Key* find_key(const std::string& name) {
+  for (const Key& k : keys())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> d(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t prev = d[0];
+    d[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cur = d[j];
+      d[j] = std::min({d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      prev = cur;
+    }
+  }
+  return d[b.size()];
+}
+
+[[noreturn]] void unknown_key(const std::string& name, const std::string& where) {
+  const Key* best = nullptr;
+  size_t best_d = 4;
+  for (const Key& k : keys())
+    if (const size_t d = edit_distance(name, k.name); d < best_d) best = &k, best_d = d;
+  BT_FAIL("unknown config key '", name, "' in ", where,
+          best ? cat("; did you mean '", best->name, "'?") : std::string(),
+          " (`blutrain train --help` lists every key)");
+}
+
+std::string scalar_text(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  std::ostringstream os;
+  os << YAML::Dump(n);
+  return os.str();
+}
+
+/// Stores YAML value `n` into key `k` of `c`; errors name the key and the value.
+void assign(TrainConfig& c, const Key& k, const YAML::Node& n, const std::string& where) {
+  const std::string text = scalar_text(n);
+  BT_CHECK(n.IsScalar() || n.IsNull(), "config key '", k.name, "' in ", where,
+           " must be a single value, got '", text, "'");
+  auto bad = [&](const char* type) {
+    BT_FAIL("config key '", k.name, "' in ", where, " must be ", type, ", got '", text, "'");
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          *p = n.IsNull() ? std::string() : n.Scalar();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (n.IsNull() || !YAML::convert<bool>::decode(n, *p)) bad("true or false");
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (n.IsNull() || !YAML::convert<double>::decode(n, *p)) bad("a number");
+        } else {
+          // Integers; "1e3"-style values are accepted when they are whole.
+          const char* what = std::is_same_v<T, uint64_t> ? "a non-negative integer" : "an integer";
+          double d = 0;
+          if (n.IsNull() || !YAML::convert<double>::decode(n, d) || d != std::floor(d) ||
+              (std::is_unsigned_v<T> && d < 0) || std::fabs(d) > 9.007199254740992e15)
+            bad(what);
+          if (!YAML::convert<T>::decode(n, *p) || static_cast<double>(*p) != d) *p = static_cast<T>(d);
+        }
+      },
+      k.get(c));
+}
+
+/// Flattens the two-level YAML document into "section.key" -> value.
+std::vector<std::pair<std::string, YAML::Node>> flatten(const YAML::Node& root, const std::string& where) {
+  std::vector<std::pair<std::string, YAML::Node>> out;
+  if (!root || root.IsNull()) return out;
+  BT_CHECK(root.IsMap(), where, " must be a YAML mapping of sections (model:, data:, train:)");
+  for (const auto& sec : root) {
+    const std::string s = sec.first.as<std::string>();
+    BT_CHECK(s == "model" || s == "data" || s == "train", "unknown config section '", s, "' in ", where,
+             "; the sections are model, data and train");
+    if (sec.second.IsNull()) continue;
+    BT_CHECK(sec.second.IsMap(), "config section '", s, "' in ", where, " must be a mapping of keys");
+    for (const auto& kv : sec.second) out.emplace_back(s + "." + kv.first.as<std::string>(), kv.second);
+  }
+  return out;
+}
+
+train::TrainConfig embedded_default() {
+  TrainConfig c;
+  c.preset = "tiny";
+  c.model = nn::gpt_preset("tiny");
+  c.data.train = "data/jargon/tok/jargon_train_*.bin";
+  c.data.val = "data/jargon/tok/jargon_val_*.bin";
+  return c;
+}
+
+}  // namespace
+
+train::TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
+                                     int world) {
+  std::vector<std::pair<std::string, YAML::Node>> entries;
+  std::vector<std::string> origin;
+  if (!path.empty()) {
+    BT_CHECK(std::filesystem::is_regular_file(path), "config file '", path,
+             "' does not exist; see configs/ for examples (configs/tiny.yaml, configs/gpt2-124m.yaml)");
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(path);
+    } catch (const YAML::Exception& e) {
+      BT_FAIL("config file '", path, "' is not valid YAML: ", e.what());
+    }
+    for (auto& e : flatten(root, "'" + path + "'")) {
+      entries.push_back(e);
+      origin.push_back("'" + path + "'");
+    }
+  }
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    BT_CHECK(eq != std::string::npos && eq > 0, "--set '", o, "' must look like section.key=value");
+    YAML::Node v;
+    try {
+      v = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      BT_FAIL("--set '", o, "': the value is not valid YAML: ", e.what());
+    }
+    entries.emplace_back(o.substr(0, eq), v);
+    origin.push_back("--set " + o);
+  }
+
+  TrainConfig c = embedded_default();
+  // model.preset first: it resets the model.* defaults that later keys override.
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].first != "model.preset") continue;
+    assign(c, *find_key("model.preset"), entries[i].second, origin[i]);
+    try {
+      c.model = nn::gpt_preset(c.preset);
+    } catch (const Error& e) {
+      BT_FAIL(e.what(), " (in ", origin[i], ")");
+    }
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Key* k = find_key(entries[i].first);
+    if (k == nullptr) unknown_key(entries[i].first, origin[i]);
+    if (entries[i].first != "model.preset") assign(c, *k, entries[i].second, origin[i]);
+  }
+  c.validate(world);
+  return c;
+}
+
+std::string config_to_json(const train::TrainConfig& c0, int world) {
+  TrainConfig c = c0;
+  nlohmann::ordered_json j;
+  for (const Key& k : keys()) {
+    const std::string name = k.name;
+    const size_t dot = name.find('.');
+    auto& slot = j[name.substr(0, dot)][name.substr(dot + 1)];
+    std::visit([&](auto* p) { slot = *p; }, k.get(c));
+  }
+  j["model"]["padded_vocab"] = c.model.padded_vocab();
+  j["train"]["grad_accum"] = c.grad_accum(world);
+  j["train"]["world_size"] = world;
+  return j.dump(2);
+}
+
+std::string config_keys_help() {
+  TrainConfig c = embedded_default();
+  std::ostringstream os;
+  for (const Key& k : keys()) {
+    std::string def;
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::string>)
+            def = "'" + *p + "'";
+          else if constexpr (std::is_same_v<T, bool>)
+            def = *p ? "true" : "false";
+          else
+            def = cat(*p);
+        },
+        k.get(c));
+    os << "  " << k.name
+       << std::string(k.name ? std::max<size_t>(2, 26 - std::string(k.name).size()) : 2, ' ') << k.help
+       << " [default " << def << "]\n";
+  }
+  return os.str();
+}
+
+}  // namespace bt::launcher

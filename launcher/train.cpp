@@ -1,0 +1,152 @@
+// `blutrain train`: trains a GPT from a YAML config (or the embedded `tiny`
+// default) with live progress, periodic validation, a metrics JSONL file, a
+// final sample and a summary.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+
+#include "launcher/commands.h"
+#include "launcher/config.h"
+#include "launcher/model_file.h"
+#include "launcher/progress.h"
+#include "launcher/sample_text.h"
+#include "runtime/bt.h"
+#include "runtime/train/trainer.h"
+
+namespace bt::launcher {
+namespace {
+
+struct Options {
+  std::string config, metrics, save_init, init_weights, resolved;
+  std::vector<std::string> sets;
+};
+
+Options parse(int argc, char** argv) {
+  cxxopts::Options opts(
+      "blutrain train",
+      "Train a GPT on token shards. Without --config: the embedded default (the `tiny` preset "
+      "on the jargon corpus, made by `scripts/quickstart`).");
+  opts.add_options()("c,config", "YAML config file (see configs/)", cxxopts::value<std::string>())(
+      "s,set", "override a key: section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())(
+      "metrics", "write one JSON object per step to this file", cxxopts::value<std::string>())(
+      "init-weights", "start from this weights file instead of the seeded init",
+      cxxopts::value<std::string>())("save-init", "write the initial weights to this file before step 1",
+                                     cxxopts::value<std::string>())(
+      "save-weights", "write the final weights to this file (same as train.save_weights)",
+      cxxopts::value<std::string>())("resolved-config", "write the resolved config as JSON to this file",
+                                     cxxopts::value<std::string>())("h,help",
+                                                                    "show this help and every config key");
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(argc, argv);
+  } catch (const std::exception& e) {
+    BT_FAIL(e.what(), " (see blutrain train --help)");
+  }
+  if (r.count("help")) {
+    std::printf("%s\nconfig keys (YAML sections model:, data:, train:; or --set section.key=value):\n%s",
+                opts.help().c_str(), config_keys_help().c_str());
+    std::exit(0);
+  }
+  BT_CHECK(r.unmatched().empty(), "blutrain train: unexpected argument '",
+           r.unmatched().empty() ? "" : r.unmatched()[0], "' (see blutrain train --help)");
+  Options o;
+  auto str = [&](const char* k, std::string& dst) {
+    if (r.count(k)) dst = r[k].as<std::string>();
+  };
+  str("config", o.config);
+  str("metrics", o.metrics);
+  str("init-weights", o.init_weights);
+  str("save-init", o.save_init);
+  str("resolved-config", o.resolved);
+  if (r.count("set")) o.sets = r["set"].as<std::vector<std::string>>();
+  if (r.count("save-weights")) o.sets.push_back("train.save_weights=" + r["save-weights"].as<std::string>());
+  return o;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  BT_CHECK(f && (f << text) && f.flush(), "cannot write '", path,
+           "'; check that its folder exists and is writable");
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const train::TrainConfig cfg = load_train_config(o.config, o.sets);
+  if (!o.resolved.empty()) write_text(o.resolved, config_to_json(cfg) + "\n");
+  MetricsWriter metrics(o.metrics);
+
+  train::Trainer tr(cfg);
+  nn::Gpt& model = tr.model();
+  if (!o.init_weights.empty()) load_model_into(o.init_weights, model);
+  if (!o.save_init.empty()) save_model(o.save_init, model);
+
+  const nn::GptConfig& mc = cfg.model;
+  const train::TrainOptions& t = cfg.train;
+  const TokenLoader& data = tr.train_loader();
+  int64_t data_tokens = 0;
+  for (const ShardInfo& s : data.shards()) data_tokens += s.num_tokens;
+  std::printf(
+      "blutrain train: %s (%d layers, %d heads, width %d, context %d, vocab %d padded to %d): %.2fM "
+      "parameters\n",
+      o.config.empty() ? "embedded default, preset tiny"
+                       : ("config " + o.config + ", preset " + cfg.preset).c_str(),
+      static_cast<int>(mc.n_layer), static_cast<int>(mc.n_head), static_cast<int>(mc.n_embd),
+      static_cast<int>(mc.seq_len), static_cast<int>(mc.vocab_size), static_cast<int>(mc.padded_vocab()),
+      static_cast<double>(mc.num_params()) / 1e6);
+  std::printf("  device %s, precision %s%s | data: %zu shard(s), %.2fM tokens, %lld batches/epoch%s\n",
+              tr.device().str().c_str(), t.precision.c_str(), t.deterministic ? " (deterministic)" : "",
+              data.shards().size(), static_cast<double>(data_tokens) / 1e6,
+              static_cast<long long>(data.batches_per_epoch()), tr.has_val() ? ", with validation" : "");
+  std::printf(
+      "  %lld steps of %lld sequences (%lld micro-batches of %lld) = %lld tokens/step, lr %.2e -> %.2e, "
+      "warmup %lld\n",
+      static_cast<long long>(t.steps), static_cast<long long>(t.batch_size),
+      static_cast<long long>(tr.grad_accum()), static_cast<long long>(t.micro_batch),
+      static_cast<long long>(t.batch_size * mc.seq_len), t.lr, t.min_lr,
+      static_cast<long long>(t.warmup_steps));
+  std::fflush(stdout);
+
+  Progress progress(t.steps, t.log_every, mc.flops_per_token(mc.seq_len),
+                    peak_flops(tr.device(), parse_precision(t.precision)));
+  std::optional<double> last_val;
+  double last_loss = 0;
+  for (int64_t i = 0; i < t.steps; ++i) {
+    const train::StepStats s = tr.step();
+    progress.on_step(s);
+    last_loss = s.loss;
+    BT_CHECK(std::isfinite(s.loss), "training diverged: the loss at step ", s.step, " is ", s.loss,
+             "; lower train.lr or use train.precision=fp32");
+    std::optional<double> val;
+    const bool eval_now =
+        tr.has_val() && ((t.eval_every > 0 && s.step % t.eval_every == 0) || s.step == t.steps);
+    if (eval_now) {
+      val = tr.evaluate();
+      last_val = val;
+      progress.print(fmt::format("step {}: val loss {:.4f} (uniform over the vocabulary: {:.2f})", s.step,
+                                 *val, std::log(static_cast<double>(mc.vocab_size))));
+    }
+    metrics.write(s, val);
+  }
+
+  if (!t.save_weights.empty()) {
+    save_model(t.save_weights, model);
+    std::printf("saved weights to %s\n", t.save_weights.c_str());
+  }
+  std::printf("done: %lld steps in %s, %.0f tokens/s (steady), train loss %.4f%s, peak memory %s\n",
+              static_cast<long long>(t.steps), human_duration(progress.elapsed()).c_str(),
+              progress.mean_tokens_per_s(), last_loss,
+              last_val ? fmt::format(", val loss {:.4f}", *last_val).c_str() : "",
+              human_bytes(train::peak_memory_bytes(tr.device())).c_str());
+  if (t.sample_tokens > 0)
+    print_sample(model, cfg.data.tokenizer, t.sample_prompt, t.sample_tokens, t.sample_temperature,
+                 t.sample_top_k, t.seed);
+  return 0;
+}
+
+}  // namespace bt::launcher

@@ -1,0 +1,24 @@
+// Autoregressive sampling from a Gpt (no KV cache: each new token runs the
+// model over the last seq_len tokens, which is enough for demos and tests).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/nn/gpt.h"
+
+namespace bt::nn {
+
+struct SampleOptions {
+  int64_t tokens = 200;      // new tokens to draw
+  double temperature = 0.8;  // > 0
+  int64_t top_k = 40;        // 0 = whole vocabulary
+  uint64_t seed = 1337;
+};
+
+/// Continues `prompt` (non-empty) and returns only the new tokens. Draws are
+/// restricted to the real vocabulary (never a padded id) and are reproducible
+/// for a given seed on a given device.
+std::vector<int32_t> generate(const Gpt& model, const std::vector<int32_t>& prompt, const SampleOptions& o);
+
+}  // namespace bt::nn

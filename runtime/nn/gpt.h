@@ -1,0 +1,87 @@
+// GPT-2: token + position embeddings, pre-LN transformer blocks (causal
+// self-attention, GELU MLP), a final LayerNorm and an LM head tied to the token
+// embedding. Built from the runtime's fused ops; parameters are f32 masters.
+//
+// Note [Padded vocabulary]: the embedding has padded_vocab() rows (vocab_size
+// rounded up to a multiple of 128, 50257 -> 50304) so the LM-head GEMM gets
+// aligned shapes. The loss only sees the first vocab_size logit columns
+// (cross_entropy's `vocab` argument), so the padded rows receive no gradient
+// from the loss and never change predictions; they are decayed like any row.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/precision.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt::nn {
+
+struct GptConfig {
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t seq_len = 256;  // maximum context (rows of wpe)
+  int64_t vocab_size = 50257;
+
+  /// vocab_size rounded up to a multiple of 128 (Note [Padded vocabulary]).
+  int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  /// Throws bt::Error naming the bad field (`where` prefixes the message).
+  void validate(const std::string& where = "model") const;
+  /// Parameters including the tied head once.
+  int64_t num_params() const;
+  /// Training FLOPs per token (forward + backward) at context T, for MFU:
+  /// 6 N + 12 L C T (the PaLM-appendix count nanoGPT and llm.c use).
+  double flops_per_token(int64_t T) const;
+};
+
+/// Named presets: "tiny" (a CPU demo) and "gpt2-124m". Throws for other names.
+GptConfig gpt_preset(const std::string& name);
+/// The preset names, for error messages and help.
+std::vector<std::string> gpt_preset_names();
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Gpt {
+ public:
+  /// Allocates the parameters on `device` and initializes them as GPT-2 does:
+  /// N(0, 0.02) for embeddings and weights, residual projections (attn.c_proj,
+  /// mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weight 1.
+  /// Draws come from a Generator seeded with `seed`, in the order of
+  /// named_parameters(), so CPU and CUDA initialize bit-identically.
+  Gpt(const GptConfig& cfg, const Device& device, uint64_t seed);
+
+  const GptConfig& config() const { return cfg_; }
+  const Device& device() const { return device_; }
+
+  /// idx: i32 [B, T] with T <= seq_len -> logits [B, T, padded_vocab] in the
+  /// compute dtype (bf16 under Precision::BF16, else f32).
+  Tensor forward(const Tensor& idx) const;
+  /// Mean cross-entropy of forward(idx) against targets (i32 [B, T], -1 =
+  /// ignore) over the first vocab_size columns; an f32 scalar.
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+
+  /// Parameters in a fixed order with GPT-2/nanoGPT names ("wte", "wpe",
+  /// "h.0.ln_1.weight", ..., "ln_f.bias"); Linear weights are [out, in].
+  const NamedTensors& named_parameters() const { return params_; }
+  std::vector<Tensor> parameters() const;
+  /// True for tensors that get weight decay: every parameter with 2 dims.
+  static bool decays(const Tensor& p) { return p.dim() >= 2; }
+
+ private:
+  struct Block {
+    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b;
+  };
+  Tensor add_param(const std::string& name, const Shape& shape, double std, double fill, Generator& g);
+  Tensor compute(const Tensor& p) const;
+
+  GptConfig cfg_;
+  Device device_;
+  NamedTensors params_;
+  Tensor wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace bt::nn

@@ -1,0 +1,59 @@
+// The resolved configuration of one training job. The launcher fills it from
+// YAML plus --set overrides (launcher/config.h); the runtime only validates it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/nn/gpt.h"
+
+namespace bt::train {
+
+struct DataConfig {
+  std::string train;  // glob of llm.c token shards
+  std::string val;    // glob; empty = no validation
+  bool shuffle = true;
+  std::string tokenizer = "data/tokenizer";  // for samples (encoder.json, vocab.bpe)
+};
+
+/// The `train:` section: optimization, schedule and run options.
+struct TrainOptions {
+  int64_t steps = 300;
+  int64_t batch_size = 16;   // global sequences per optimizer step
+  int64_t micro_batch = 16;  // sequences per forward pass on one rank
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;          // 0 = off
+  std::string device = "auto";     // auto | cpu | cuda | cuda:N
+  std::string precision = "fp32";  // fp32 | tf32 | bf16
+  bool deterministic = false;
+  uint64_t seed = 1337;
+  int64_t eval_every = 100;  // steps; 0 = only at the end (if data.val is set)
+  int64_t eval_batches = 20;
+  int64_t log_every = 1;
+  int64_t sample_tokens = 200;  // 0 = no sample at the end
+  std::string sample_prompt = "\n";
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 40;  // 0 = whole vocabulary
+  std::string save_weights;   // HDF5 weights file written at the end; empty = none
+};
+
+struct TrainConfig {
+  std::string preset = "tiny";
+  nn::GptConfig model;
+  DataConfig data;
+  TrainOptions train;
+
+  /// Micro-batches per optimizer step for `world` ranks. Throws a bt::Error
+  /// naming train.batch_size / train.micro_batch if they do not divide.
+  int64_t grad_accum(int world = 1) const;
+  /// Checks every field; errors name the key ("train.lr must be > 0, got -1").
+  void validate(int world = 1) const;
+};
+
+}  // namespace bt::train

@@ -1,0 +1,123 @@
+// Training configs: YAML + --set, presets, and errors that name the key; the
+// committed configs/*.yaml load.
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "launcher/config.h"
+#include "tests/support/temp_dir.h"
+
+namespace bt::launcher {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  std::string yaml(const std::string& text) {
+    const std::string p = dir_.file("c" + std::to_string(n_++) + ".yaml");
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string error_of(const std::string& path, const std::vector<std::string>& sets = {}) {
+    try {
+      load_train_config(path, sets);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+  test::TempDir dir_{"bt_config"};
+  int n_ = 0;
+};
+
+TEST_F(ConfigTest, EmbeddedDefaultIsTinyOnJargon) {
+  const train::TrainConfig c = load_train_config("", {});
+  EXPECT_EQ(c.preset, "tiny");
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.padded_vocab(), 50304);
+  EXPECT_NE(c.data.train.find("jargon"), std::string::npos);
+}
+
+TEST_F(ConfigTest, PresetThenKeysThenOverrides) {
+  const std::string p = yaml("model:\n  n_layer: 2\n  preset: gpt2-124m\ntrain:\n  lr: 1e-3\n  steps: 7\n");
+  const train::TrainConfig c =
+      load_train_config(p, {"train.lr=3e-4", "data.val=", "train.deterministic=true"});
+  EXPECT_EQ(c.model.n_layer, 2) << "an explicit key wins over the preset, wherever it appears";
+  EXPECT_EQ(c.model.n_embd, 768);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4) << "--set wins over the file";
+  EXPECT_EQ(c.data.val, "");
+  EXPECT_TRUE(c.train.deterministic);
+}
+
+TEST_F(ConfigTest, ResolvedJsonHasEveryKeyAndTheDerivedOnes) {
+  const train::TrainConfig c = load_train_config("", {"train.batch_size=32", "train.micro_batch=8"});
+  const auto j = nlohmann::json::parse(config_to_json(c));
+  EXPECT_EQ(j["model"]["padded_vocab"], 50304);
+  EXPECT_EQ(j["train"]["grad_accum"], 4);
+  EXPECT_EQ(j["train"]["lr"], 6e-4);
+  EXPECT_EQ(j["data"]["shuffle"], true);
+  EXPECT_EQ(j["model"]["preset"], "tiny");
+}
+
+TEST_F(ConfigTest, UnknownKeysAreNamedWithASuggestion) {
+  const std::string e = error_of(yaml("train:\n  lrr: 1\n"));
+  EXPECT_NE(e.find("unknown config key 'train.lrr'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'train.lr'"), std::string::npos) << e;
+  EXPECT_NE(error_of("", {"model.layers=3"}).find("'model.layers' in --set model.layers=3"),
+            std::string::npos);
+  EXPECT_NE(error_of(yaml("optim:\n  lr: 1\n")).find("unknown config section 'optim'"), std::string::npos);
+}
+
+TEST_F(ConfigTest, WrongTypesAreNamed) {
+  std::string e = error_of(yaml("train:\n  steps: many\n"));
+  EXPECT_NE(e.find("'train.steps'"), std::string::npos) << e;
+  EXPECT_NE(e.find("must be an integer, got 'many'"), std::string::npos) << e;
+  e = error_of("", {"train.steps=2.5"});
+  EXPECT_NE(e.find("must be an integer"), std::string::npos) << e;
+  e = error_of("", {"train.seed=-1"});
+  EXPECT_NE(e.find("non-negative integer"), std::string::npos) << e;
+  e = error_of("", {"train.lr=fast"});
+  EXPECT_NE(e.find("'train.lr'"), std::string::npos) << e;
+  e = error_of("", {"data.shuffle=maybe"});
+  EXPECT_NE(e.find("true or false"), std::string::npos) << e;
+  e = error_of(yaml("train:\n  lr: [1, 2]\n"));
+  EXPECT_NE(e.find("single value"), std::string::npos) << e;
+  EXPECT_EQ(load_train_config("", {"train.steps=1e3"}).train.steps, 1000);
+}
+
+TEST_F(ConfigTest, ImpossibleValuesAreNamed) {
+  std::string e = error_of("", {"train.batch_size=10", "train.micro_batch=4"});
+  EXPECT_NE(e.find("train.batch_size (10) must be a multiple of train.micro_batch (4)"), std::string::npos)
+      << e;
+  e = error_of("", {"model.preset=gpt9"});
+  EXPECT_NE(e.find("unknown preset 'gpt9'"), std::string::npos) << e;
+  e = error_of("", {"model.n_head=5"});
+  EXPECT_NE(e.find("model.n_head"), std::string::npos) << e;
+  e = error_of("", {"train.device=tpu"});
+  EXPECT_NE(e.find("train.device"), std::string::npos) << e;
+  e = error_of("", {"train.warmup_steps=-3"});
+  EXPECT_NE(e.find("train.warmup_steps must be >= 0"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, BadFilesAreNamed) {
+  EXPECT_NE(error_of(dir_.file("missing.yaml")).find("missing.yaml' does not exist"), std::string::npos);
+  const std::string bad = yaml("train: [unclosed\n");
+  EXPECT_NE(error_of(bad).find("is not valid YAML"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.lr"}).find("section.key=value"), std::string::npos);
+}
+
+TEST_F(ConfigTest, CommittedConfigsLoad) {
+  for (const char* name : {"tiny", "gpt2-124m"}) {
+    const train::TrainConfig c =
+        load_train_config(std::string(BT_SOURCE_DIR) + "/configs/" + name + ".yaml", {});
+    EXPECT_EQ(c.preset, name);
+  }
+  const train::TrainConfig tiny = load_train_config(std::string(BT_SOURCE_DIR) + "/configs/tiny.yaml", {});
+  const train::TrainConfig def = load_train_config("", {});
+  EXPECT_EQ(config_to_json(tiny), config_to_json(def))
+      << "configs/tiny.yaml must spell out the embedded default";
+}
+
+}  // namespace
+}  // namespace bt::launcher

@@ -1,0 +1,99 @@
+// CPU fidelity against PyTorch without PyTorch: BluTrain trains `tiny` on the
+// tokenized Jargon File (tests/launcher/golden/tiny_cpu_fp32.yaml) and its
+// per-step losses must match the committed losses that bench/gpt2_ref.py
+// produced from the same initial weights (BluTrain's seeded init) on the same
+// tokens, to 1e-5 relative. The shard's sha256 and the resolved config are
+// checked first, so a drift in the tokenizer or the config is reported as
+// such rather than as a loss mismatch.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include "tests/support/temp_dir.h"
+
+namespace bt {
+namespace {
+
+const std::string kSrc = BT_SOURCE_DIR;
+const std::string kGolden = kSrc + "/tests/launcher/golden/tiny_cpu_fp32";
+
+std::string run(const std::string& cmd, int* status) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
+
+TEST(FidelityGolden, TinyOnCpuMatchesPyTorchLosses) {
+  const std::string text = kSrc + "/data/jargon/jargon.txt", tok = kSrc + "/data/tokenizer";
+  if (!std::filesystem::exists(text) || !std::filesystem::exists(tok + "/encoder.json")) {
+    if (std::getenv("BT_REQUIRE_DATA")) FAIL() << "missing data; run scripts/fetch-data tokenizer jargon";
+    GTEST_SKIP() << "needs scripts/fetch-data tokenizer jargon";
+  }
+  ASSERT_TRUE(std::filesystem::exists(kGolden + ".json"))
+      << "no golden values; produce them on the GPU machine with scripts/gpu-fidelity BUILD golden";
+  const nlohmann::json golden = read_json(kGolden + ".json");
+  ASSERT_EQ(golden.at("format"), "blutrain-golden-losses");
+
+  test::TempDir dir("bt_golden");
+  int st = 0;
+  const std::string exe = BT_BLUTRAIN_EXE;
+  std::string out =
+      run(exe + " tokenize " + text + " -o " + dir.file("jargon") + " --val-fraction 0.1 --tokenizer " + tok,
+          &st);
+  ASSERT_EQ(st, 0) << out;
+  const std::string shard = dir.file("jargon_train_000000.bin");
+  out = run("sha256sum " + shard, &st);
+  ASSERT_EQ(st, 0) << out;
+  const auto& files = golden.at("data").at("files");
+  ASSERT_EQ(files.size(), 1u);
+  ASSERT_EQ(out.substr(0, 64), files[0].at("sha256").get<std::string>())
+      << "the tokenized Jargon File differs from the one the golden values were made from: the tokenizer or "
+         "the text changed; regenerate the golden values (bench/README.md)";
+
+  const int64_t steps = golden.at("steps");
+  out = run(exe + " train --config " + kGolden + ".yaml --set 'data.train=" + dir.file("jargon_train_*.bin") +
+                "' --set train.steps=" + std::to_string(steps) + " --metrics " + dir.file("m.jsonl") +
+                " --resolved-config " + dir.file("cfg.json"),
+            &st);
+  ASSERT_EQ(st, 0) << out;
+
+  // Same model and training settings as the golden run (data paths may differ).
+  nlohmann::json cfg = read_json(dir.file("cfg.json")), want = golden.at("config");
+  for (nlohmann::json* j : {&cfg, &want}) (*j)["data"].erase("train");
+  ASSERT_EQ(cfg.at("model"), want.at("model")) << "regenerate the golden values after changing the model";
+  ASSERT_EQ(cfg.at("train").dump(), want.at("train").dump())
+      << "regenerate the golden values after changing the training settings";
+
+  std::vector<nlohmann::json> rows;
+  std::ifstream m(dir.file("m.jsonl"));
+  for (std::string line; std::getline(m, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), steps);
+  const auto& losses = golden.at("losses");
+  const auto& lrs = golden.at("lrs");
+  double worst = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const double ours = rows[i].at("loss"), ref = losses[i];
+    const double rel = std::fabs(ours - ref) / std::fabs(ref);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-5) << "step " << i + 1 << ": BluTrain " << ours << ", PyTorch " << ref;
+    EXPECT_NEAR(rows[i].at("lr").get<double>(), lrs[i].get<double>(), 1e-12 * lrs[i].get<double>());
+  }
+  EXPECT_LT(losses[steps - 1].get<double>(), losses[0].get<double>() - 1.0) << "the golden run must learn";
+  std::printf("max relative loss difference vs PyTorch over %lld steps: %.3e\n",
+              static_cast<long long>(steps), worst);
+}
+
+}  // namespace
+}  // namespace bt

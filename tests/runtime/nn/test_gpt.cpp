@@ -1,0 +1,166 @@
+// GPT model: parameter layout and init statistics, causality, the padded
+// vocabulary, presets and argument errors.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "runtime/bt.h"
+#include "runtime/nn/gpt.h"
+
+namespace bt::nn {
+namespace {
+
+GptConfig small() {
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.seq_len = 12;
+  c.vocab_size = 50;  // padded to 128
+  return c;
+}
+
+Tensor ids(const std::vector<int32_t>& v, int64_t B, int64_t T) { return from_vector<int32_t>(v, {B, T}); }
+
+double stddev(const Tensor& t) {
+  const std::vector<float> v = t.to_vector<float>();
+  double s = 0, s2 = 0;
+  for (float x : v) s += x, s2 += static_cast<double>(x) * x;
+  const double m = s / v.size();
+  return std::sqrt(s2 / v.size() - m * m);
+}
+
+TEST(Gpt, ParameterNamesShapesAndCount) {
+  const GptConfig c = small();
+  Gpt m(c, Device::cpu(), 1);
+  const NamedTensors& p = m.named_parameters();
+  ASSERT_EQ(p.size(), 2u + 12u * 2 + 2u);
+  EXPECT_EQ(p[0].first, "wte");
+  EXPECT_EQ(p[0].second.shape(), (Shape{128, 16}));
+  EXPECT_EQ(p[1].first, "wpe");
+  EXPECT_EQ(p[1].second.shape(), (Shape{12, 16}));
+  EXPECT_EQ(p[4].first, "h.0.attn.c_attn.weight");
+  EXPECT_EQ(p[4].second.shape(), (Shape{48, 16}));
+  EXPECT_EQ(p[12].first, "h.0.mlp.c_proj.weight");
+  EXPECT_EQ(p[12].second.shape(), (Shape{16, 64}));
+  EXPECT_EQ(p.back().first, "ln_f.bias");
+  int64_t n = 0;
+  for (const auto& [name, t] : p) {
+    n += t.numel();
+    EXPECT_TRUE(t.requires_grad()) << name;
+    EXPECT_EQ(t.dtype(), DType::F32) << name;
+  }
+  EXPECT_EQ(n, c.num_params());
+}
+
+TEST(Gpt, Gpt2PresetHas124MParameters) {
+  const GptConfig c = gpt_preset("gpt2-124m");
+  EXPECT_EQ(c.padded_vocab(), 50304);
+  // 124,475,904 with the 50304-row padded embedding (124.44M with 50257 rows).
+  EXPECT_EQ(c.num_params(), 124475904);
+  EXPECT_THROW(gpt_preset("gpt5"), Error);
+}
+
+TEST(Gpt, InitFollowsGpt2) {
+  GptConfig c = small();
+  c.n_embd = 64;
+  c.vocab_size = 1000;
+  Gpt m(c, Device::cpu(), 7);
+  for (const auto& [name, t] : m.named_parameters()) {
+    if (name.find("bias") != std::string::npos) {
+      EXPECT_EQ(stddev(t), 0.0) << name;
+      EXPECT_EQ(t.to_vector<float>()[0], 0.0f) << name;
+    } else if (name.find("ln_") != std::string::npos) {
+      for (float v : t.to_vector<float>()) ASSERT_EQ(v, 1.0f) << name;
+    } else {
+      const double want = name.find("c_proj") != std::string::npos ? 0.02 / std::sqrt(2.0 * c.n_layer) : 0.02;
+      EXPECT_NEAR(stddev(t), want, want * 0.1) << name;
+    }
+  }
+  Gpt same(c, Device::cpu(), 7), other(c, Device::cpu(), 8);
+  EXPECT_EQ(m.named_parameters()[0].second.to_vector<float>(),
+            same.named_parameters()[0].second.to_vector<float>());
+  EXPECT_NE(m.named_parameters()[0].second.to_vector<float>(),
+            other.named_parameters()[0].second.to_vector<float>());
+}
+
+TEST(Gpt, LossAtInitIsNearUniform) {
+  GptConfig c = small();
+  c.vocab_size = 1000;
+  Gpt m(c, Device::cpu(), 3);
+  std::vector<int32_t> x(4 * 12), y(4 * 12);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<int32_t>(i * 37 % 1000), y[i] = static_cast<int32_t>(i * 91 % 1000);
+  const double l = m.loss(ids(x, 4, 12), ids(y, 4, 12)).item<float>();
+  EXPECT_NEAR(l, std::log(1000.0), 0.1);
+}
+
+TEST(Gpt, LogitsAreCausal) {
+  Gpt m(small(), Device::cpu(), 5);
+  std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = a;
+  b[5] = 40;  // change position 5 only
+  const Tensor la = m.forward(ids(a, 1, 8)), lb = m.forward(ids(b, 1, 8));
+  for (int64_t t = 0; t < 8; ++t) {
+    const std::vector<float> ra = la.select(1, t).to_vector<float>(), rb = lb.select(1, t).to_vector<float>();
+    if (t < 5)
+      EXPECT_EQ(ra, rb) << "position " << t << " saw a later token";
+    else
+      EXPECT_NE(ra, rb) << "position " << t << " ignored token 5";
+  }
+}
+
+TEST(Gpt, PaddedVocabularyRowsDoNotChangeTheLoss) {
+  Gpt m(small(), Device::cpu(), 9);
+  std::vector<int32_t> x = {1, 2, 3, 4, 5, 6}, y = {2, 3, 4, 5, 6, 7};
+  const float before = m.loss(ids(x, 1, 6), ids(y, 1, 6)).item<float>();
+  {
+    NoGradGuard ng;
+    m.named_parameters()[0].second.narrow(0, 50, 78).fill_(3.0);  // rows 50..127 are padding
+  }
+  const Tensor loss = m.loss(ids(x, 1, 6), ids(y, 1, 6));
+  EXPECT_EQ(loss.item<float>(), before);
+  loss.backward();
+  const std::vector<float> g =
+      m.named_parameters()[0].second.grad().narrow(0, 50, 78).contiguous().to_vector<float>();
+  for (float v : g) ASSERT_EQ(v, 0.0f) << "a padded row got a gradient from the loss";
+}
+
+TEST(Gpt, EveryParameterGetsAGradient) {
+  Gpt m(small(), Device::cpu(), 11);
+  std::vector<int32_t> x = {1, 2, 3, 4, 5, 6, 7, 8}, y = {2, 3, 4, 5, 6, 7, 8, 9};
+  m.loss(ids(x, 2, 4), ids(y, 2, 4)).backward();
+  for (const auto& [name, t] : m.named_parameters()) {
+    ASSERT_TRUE(t.grad().defined()) << name;
+    const std::vector<float> g = t.grad().to_vector<float>();
+    double s = 0;
+    for (float v : g) s += std::fabs(v);
+    EXPECT_GT(s, 0.0) << name;
+    EXPECT_TRUE(std::isfinite(s)) << name;
+  }
+}
+
+TEST(Gpt, BadInputsAreClearErrors) {
+  Gpt m(small(), Device::cpu(), 1);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { m.forward(ids(std::vector<int32_t>(13, 1), 1, 13)); }).find("model.seq_len=12"),
+            std::string::npos);
+  EXPECT_NE(message([&] { m.forward(from_vector<float>({1, 2}, {1, 2})); }).find("i32"), std::string::npos);
+  EXPECT_NE(message([&] {
+              m.loss(ids({1, 2}, 1, 2), ids({1, 77}, 1, 2));
+            }).find("target"),
+            std::string::npos);
+  GptConfig c = small();
+  c.n_head = 3;
+  EXPECT_NE(message([&] { c.validate(); }).find("model.n_embd (16) must be divisible by model.n_head (3)"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace bt::nn
