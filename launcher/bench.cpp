@@ -15,6 +15,7 @@
 #include "launcher/commands.h"
 #include "launcher/progress.h"
 #include "runtime/bt.h"
+#include "runtime/core/profiler.h"
 #include "runtime/data/shard.h"
 #include "runtime/train/trainer.h"
 
@@ -63,6 +64,7 @@ Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   c.train.steps = warmup + steps;
   train::Trainer tr(c);
   for (int64_t i = 0; i < warmup; ++i) tr.step();
+  profile_reset();
   double seconds = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < steps; ++i) {
@@ -74,6 +76,9 @@ Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   out.tokens_per_s = static_cast<double>(tokens) / seconds;
   out.step_ms = 1e3 * seconds / static_cast<double>(steps);
   out.peak_mem = train::peak_memory_bytes(tr.device());
+  if (profiling_enabled())
+    std::printf("BT_PROFILE (synchronizing; shares of the timed steps, %s):\n%s\n", c.train.precision.c_str(),
+                profile_report().c_str());
   return out;
 }
 

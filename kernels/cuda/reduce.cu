@@ -2,7 +2,13 @@
 //   inner == 1: one warp per output (dim <= 2048) or one block per output.
 //   inner  > 1: a 32 x 8 block covers 32 adjacent outputs; the 8 rows of threads
 //               split `dim` and are combined through shared memory.
+// Split pass (Sum/Mean with scratch, when those grids would leave the GPU idle:
+// few outputs, a long dim -- a full sum, a bias gradient over B*T rows): `dim`
+// is cut into S chunks whose bounds depend only on the sizes; pass 1 writes one
+// float partial per (output, chunk), pass 2 adds each output's S partials in
+// chunk order. The result is deterministic and independent of the device.
 // Max propagates NaN; argmax is the index of the first maximum (first NaN if any).
+#include <algorithm>
 #include <climits>
 
 #include "kernels/cuda/common.cuh"
@@ -159,6 +165,83 @@ __global__ void reduce_inner_kernel(const T* __restrict__ in, T* __restrict__ ou
   }
 }
 
+/// Split pass 1: block (32, 8) sums rows [c*chunk, min(dim, (c+1)*chunk)) of 32
+/// adjacent columns (inner == 1 is the single column case, then the 256 threads
+/// stride the chunk). partial[(c * outer + o) * inner + col].
+template <typename T>
+__global__ void reduce_split_kernel(const T* __restrict__ in, float* __restrict__ partial, int64_t outer,
+                                    int64_t dim, int64_t inner, int64_t inner_tiles, int64_t chunk) {
+  __shared__ float sv[8][33];
+  const int64_t o = static_cast<int64_t>(blockIdx.x) / inner_tiles;
+  const int64_t it = static_cast<int64_t>(blockIdx.x) % inner_tiles;
+  const int64_t c = blockIdx.y;
+  const int64_t lo = c * chunk, hi = min(dim, lo + chunk);
+  float sum = 0.0f;
+  if (inner == 1) {
+    const T* p = in + o * dim;
+    const int t = threadIdx.y * 32 + threadIdx.x;
+    for (int64_t j = lo + t; j < hi; j += 256) sum += ldf(p + j);
+    sum = warp_sum(sum);
+    if (threadIdx.x == 0) sv[threadIdx.y][0] = sum;
+    __syncthreads();
+    if (t == 0) {
+      float s = 0.0f;
+      for (int y = 0; y < 8; ++y) s += sv[y][0];
+      partial[c * outer + o] = s;
+    }
+    return;
+  }
+  const int64_t col = it * 32 + threadIdx.x;
+  if (col < inner) {
+    const T* p = in + o * dim * inner + col;
+    for (int64_t j = lo + threadIdx.y; j < hi; j += 8) sum += ldf(p + j * inner);
+  }
+  sv[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < inner) {
+    float s = 0.0f;
+    for (int y = 0; y < 8; ++y) s += sv[y][threadIdx.x];
+    partial[(c * outer + o) * inner + col] = s;
+  }
+}
+
+/// Split pass 2: out[i] = sum over chunks c (in order) of partial[c * n + i].
+template <typename T, ReduceOp kOp>
+__global__ void reduce_partials_kernel(const float* __restrict__ partial, T* __restrict__ out, int64_t n,
+                                       int64_t chunks, int64_t dim) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float s = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + i];
+  stf(out + i, kOp == ReduceOp::Mean ? s / static_cast<float>(dim) : s);
+}
+
+constexpr int64_t kSplitBlocks = 512;  // blocks the split pass aims for
+constexpr int64_t kMinChunk = 4096;    // rows per chunk at least
+
+/// Chunks for the split pass, or 1 when the one-pass grid is wide enough.
+int64_t split_chunks(int64_t outer, int64_t dim, int64_t inner) {
+  const int64_t blocks = inner == 1 ? outer : ceil_div(inner, 32) * outer;
+  if (blocks >= kSplitBlocks / 2 || dim < 2 * kMinChunk) return 1;
+  return std::min(ceil_div(kSplitBlocks, blocks), ceil_div(dim, kMinChunk));
+}
+
+template <typename T, ReduceOp kOp>
+void launch_split(const T* in, T* out, int64_t outer, int64_t dim, int64_t inner, int64_t chunks,
+                  float* scratch, cudaStream_t stream) {
+  const int64_t chunk = ceil_div(dim, chunks);
+  const int64_t tiles = inner == 1 ? 1 : ceil_div(inner, 32);
+  BT_CHECK(tiles * outer < INT_MAX && chunks < 65536, "cuda reduce_dim: too many outputs");
+  reduce_split_kernel<T>
+      <<<dim3(static_cast<unsigned>(tiles * outer), static_cast<unsigned>(chunks)), dim3(32, 8), 0, stream>>>(
+          in, scratch, outer, dim, inner, tiles, chunk);
+  BT_KERNEL_CHECK();
+  const int64_t n = outer * inner;
+  reduce_partials_kernel<T, kOp>
+      <<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(scratch, out, n, chunks, dim);
+  BT_KERNEL_CHECK();
+}
+
 template <typename T, ReduceOp kOp>
 void launch_reduce(const T* in, T* out, int64_t outer, int64_t dim, int64_t inner, int64_t* argmax,
                    cudaStream_t stream) {
@@ -185,8 +268,19 @@ void launch_reduce(const T* in, T* out, int64_t outer, int64_t dim, int64_t inne
 
 }  // namespace
 
+size_t reduce_dim_scratch_floats(ReduceOp op, int64_t outer, int64_t dim, int64_t inner) {
+  if (op == ReduceOp::Max || outer <= 0 || inner <= 0) return 0;
+  const int64_t chunks = split_chunks(outer, dim, inner);
+  return chunks > 1 ? static_cast<size_t>(chunks * outer * inner) : 0;
+}
+
 void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
                 int64_t* argmax, cudaStream_t stream) {
+  reduce_dim(op, dt, in, out, outer, dim, inner, argmax, nullptr, stream);
+}
+
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
+                int64_t* argmax, float* scratch, cudaStream_t stream) {
   BT_CHECK(outer >= 0 && dim >= 0 && inner >= 0, "cuda reduce_dim: negative size (outer ", outer, ", dim ",
            dim, ", inner ", inner, ")");
   BT_CHECK(!(op == ReduceOp::Max && dim == 0 && outer * inner > 0),
@@ -197,6 +291,15 @@ void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer,
     BT_CHECK(out != nullptr && (in != nullptr || dim == 0), "cuda reduce_dim: null buffer");
     const T* pin = static_cast<const T*>(in);
     T* pout = static_cast<T*>(out);
+    if (scratch != nullptr && op != ReduceOp::Max) {
+      if (const int64_t chunks = split_chunks(outer, dim, inner); chunks > 1) {
+        if (op == ReduceOp::Sum)
+          launch_split<T, ReduceOp::Sum>(pin, pout, outer, dim, inner, chunks, scratch, stream);
+        else
+          launch_split<T, ReduceOp::Mean>(pin, pout, outer, dim, inner, chunks, scratch, stream);
+        return;
+      }
+    }
     switch (op) {
       case ReduceOp::Sum:
         launch_reduce<T, ReduceOp::Sum>(pin, pout, outer, dim, inner, nullptr, stream);

@@ -5,6 +5,7 @@
 
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/autograd/meta.h"
+#include "runtime/core/profiler.h"
 #include "runtime/ops/elementwise.h"
 
 namespace bt::autograd {
@@ -67,7 +68,11 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     std::vector<Tensor> in = std::move(inputs[n]);
     inputs.erase(n);
     in.resize(n->num_outputs);
-    std::vector<Tensor> out = n->apply(std::move(in));
+    std::vector<Tensor> out;
+    {
+      ProfileScope prof(n->name());
+      out = n->apply(std::move(in));
+    }
     BT_ASSERT(out.size() == n->next_edges.size() || out.empty(), n->name(), " returned ", out.size(),
               " gradients for ", n->next_edges.size(), " inputs");
     for (size_t i = 0; i < n->next_edges.size(); ++i) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/common/error.h"
+#include "runtime/core/profiler.h"
 #include "runtime/ops/attention.h"
 #include "runtime/ops/cross_entropy.h"
 #include "runtime/ops/elementwise.h"
@@ -102,7 +103,7 @@ Tensor Gpt::compute(const Tensor& p) const { return precision() == Precision::BF
 Tensor Gpt::forward(const Tensor& idx) const {
   BT_CHECK(idx.dim() == 2 && idx.dtype() == DType::I32, "Gpt::forward: token ids must be i32 [B, T], got ",
            idx.dtype(), " ", shape_str(idx.shape()));
-  const int64_t B = idx.size(0), T = idx.size(1), C = cfg_.n_embd, H = cfg_.n_head;
+  const int64_t T = idx.size(1), H = cfg_.n_head;
   BT_CHECK(T >= 1 && T <= cfg_.seq_len, "Gpt::forward: sequence length ", T,
            " is outside [1, model.seq_len=", cfg_.seq_len, "]");
   BT_CHECK(idx.device() == device_, "Gpt::forward: token ids are on ", idx.device(), " but the model is on ",
@@ -111,16 +112,20 @@ Tensor Gpt::forward(const Tensor& idx) const {
   Tensor pos = arange(T, TensorOptions{DType::I32, device_});
   Tensor x = add(embedding(wte, idx), embedding(compute(wpe_), pos));
   for (const Block& b : blocks_) {
+    ProfileScope prof("block");
     Tensor qkv =
-        linear(layer_norm(x, compute(b.ln1_w), compute(b.ln1_b)), compute(b.attn_w), compute(b.attn_b))
-            .view({B, T, 3, H, C / H});
-    auto head = [&](int i) { return qkv.select(2, i).permute({0, 2, 1, 3}); };  // [B, H, T, D], strided
-    Tensor att = causal_attention(head(0), head(1), head(2)).permute({0, 2, 1, 3}).reshape({B, T, C});
+        linear(layer_norm(x, compute(b.ln1_w), compute(b.ln1_b)), compute(b.attn_w), compute(b.attn_b));
+    Tensor att;
+    {
+      ProfileScope prof_attn("attention");
+      att = causal_self_attention(qkv, H);  // [B, T, 3C] -> [B, T, C], heads read and merged in place
+    }
     x = add(x, linear(att, compute(b.proj_w), compute(b.proj_b)));
     Tensor h = linear(layer_norm(x, compute(b.ln2_w), compute(b.ln2_b)), compute(b.fc_w), compute(b.fc_b),
                       Activation::Gelu);
     x = add(x, linear(h, compute(b.out_w), compute(b.out_b)));
   }
+  ProfileScope prof("head");
   return linear(layer_norm(x, compute(lnf_w_), compute(lnf_b_)), wte);  // tied LM head
 }
 
@@ -128,6 +133,7 @@ Tensor Gpt::loss(const Tensor& idx, const Tensor& targets) const {
   BT_CHECK(targets.shape() == idx.shape(), "Gpt::loss: targets ", shape_str(targets.shape()),
            " must have the shape of the inputs ", shape_str(idx.shape()));
   Tensor logits = forward(idx);
+  ProfileScope prof("cross_entropy");
   return cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}), cfg_.vocab_size);
 }
 

@@ -15,23 +15,71 @@ Tensor bhtd(const Tensor& t) { return t.strides()[3] == 1 ? t : t.contiguous(); 
 
 kernels::AttnStrides strides_of(const Tensor& t) { return {t.strides()[0], t.strides()[1], t.strides()[2]}; }
 
+/// A [B, H, T, D] operand inside some buffer: its first element and strides.
+struct Operand {
+  void* p;
+  kernels::AttnStrides s;
+};
+
+Operand of(const Tensor& t) { return {t.data_ptr(), strides_of(t)}; }
+
 /// Fills the fields AttnForward and AttnBackward share: dtype, shape, scale, q/k/v/o.
 template <typename Args>
-Args attn_args(const kernels::AttnShape& s, float scale, const Tensor& q, const Tensor& k, const Tensor& v,
-               const Tensor& o) {
+Args attn_args(DType dt, const kernels::AttnShape& s, float scale, Operand q, Operand k, Operand v,
+               Operand o) {
   Args a;
-  a.dt = q.dtype();
+  a.dt = dt;
   a.shape = s;
   a.scale = scale;
-  a.q = q.data_ptr();
-  a.sq = strides_of(q);
-  a.k = k.data_ptr();
-  a.sk = strides_of(k);
-  a.v = v.data_ptr();
-  a.sv = strides_of(v);
-  a.o = o.data_ptr();
-  a.so = strides_of(o);
+  a.q = q.p;
+  a.sq = q.s;
+  a.k = k.p;
+  a.sk = k.s;
+  a.v = v.p;
+  a.sv = v.s;
+  a.o = o.p;
+  a.so = o.s;
   return a;
+}
+
+float default_scale(double scale, int64_t D) {
+  return static_cast<float>(scale > 0 ? scale
+                                      : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(D, 1))));
+}
+
+/// Runs the forward kernel; returns lse [B, H, T].
+Tensor forward(DType dt, const Device& dev, const kernels::AttnShape& s, float sc, Operand q, Operand k,
+               Operand v, Operand o) {
+  Tensor lse = empty({s.B, s.H, s.T}, TensorOptions{DType::F32, dev});
+  auto f = attn_args<kernels::AttnForward>(dt, s, sc, q, k, v, o);
+  f.lse = lse.data<float>();
+  if (s.B * s.H * s.T * s.D > 0)
+    detail::on_device(
+        dev, [&] { kernels::cpu::attention_forward(f); },
+        BT_CUDA_LAMBDA(kernels::cuda::attention_forward(f, stream)));
+  return lse;
+}
+
+/// Runs the backward kernels, writing every element of dq, dk and dv.
+void backward(DType dt, const Device& dev, const kernels::AttnShape& s, float sc, Operand q, Operand k,
+              Operand v, Operand o, Operand dout, const Tensor& lse, Operand dq, Operand dk, Operand dv) {
+  auto b = attn_args<kernels::AttnBackward>(dt, s, sc, q, k, v, o);
+  b.dout = dout.p;
+  b.sdo = dout.s;
+  b.lse = lse.data<float>();
+  b.dq = dq.p;
+  b.sdq = dq.s;
+  b.dk = dk.p;
+  b.sdk = dk.s;
+  b.dv = dv.p;
+  b.sdv = dv.s;
+  if (s.B * s.H * s.T * s.D == 0) return;
+  detail::on_device(
+      dev, [&] { kernels::cpu::attention_backward(b); },
+      BT_CUDA_LAMBDA(Tensor scratch =
+                         empty({static_cast<int64_t>(kernels::cuda::attention_backward_scratch_floats(s))},
+                               TensorOptions{DType::F32, dev});
+                     kernels::cuda::attention_backward(b, scratch.data<float>(), stream)));
 }
 
 }  // namespace
@@ -48,46 +96,71 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
   }
   detail::check_dtype("causal_attention", q_in, "q", {DType::F32, DType::F64, DType::BF16});
   Tensor q = bhtd(q_in), k = bhtd(k_in), v = bhtd(v_in);
-  kernels::AttnShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
-  const float sc =
-      static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(s.D, 1))));
+  const kernels::AttnShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
+  const float sc = default_scale(scale, s.D);
   Tensor o = empty(q.shape(), q.options());
-  Tensor lse = empty({s.B, s.H, s.T}, TensorOptions{DType::F32, q.device()});
-  auto f = attn_args<kernels::AttnForward>(s, sc, q, k, v, o);
-  f.lse = lse.data<float>();
-  if (o.numel() > 0)
-    detail::on_device(
-        q.device(), [&] { kernels::cpu::attention_forward(f); },
-        BT_CUDA_LAMBDA(kernels::cuda::attention_forward(f, stream)));
+  Tensor lse = forward(q.dtype(), q.device(), s, sc, of(q), of(k), of(v), of(o));
   if (autograd::any_requires_grad({&q_in, &k_in, &v_in}))
     autograd::record(
         "CausalAttentionBackward", {&q_in, &k_in, &v_in}, o,
         [sq = SavedTensor(q, "causal_attention"), sk = SavedTensor(k, "causal_attention"),
          sv = SavedTensor(v, "causal_attention"), so = SavedTensor(o, "causal_attention"),
          sl = SavedTensor(lse, "causal_attention"), s, sc](autograd::Grads& g) -> autograd::Grads {
-          Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), o = so.unpack(), lse = sl.unpack();
+          Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), o = so.unpack();
           Tensor dout = bhtd(g[0]);
           Tensor dq = empty(q.shape(), q.options()), dk = empty(q.shape(), q.options()),
                  dv = empty(q.shape(), q.options());
-          auto b = attn_args<kernels::AttnBackward>(s, sc, q, k, v, o);
-          b.dout = dout.data_ptr();
-          b.sdo = strides_of(dout);
-          b.lse = lse.data<float>();
-          b.dq = dq.data_ptr();
-          b.sdq = strides_of(dq);
-          b.dk = dk.data_ptr();
-          b.sdk = strides_of(dk);
-          b.dv = dv.data_ptr();
-          b.sdv = strides_of(dv);
-          if (q.numel() > 0)
-            detail::on_device(
-                q.device(), [&] { kernels::cpu::attention_backward(b); },
-                BT_CUDA_LAMBDA(
-                    Tensor scratch =
-                        empty({static_cast<int64_t>(kernels::cuda::attention_backward_scratch_floats(s))},
-                              TensorOptions{DType::F32, q.device()});
-                    kernels::cuda::attention_backward(b, scratch.data<float>(), stream)));
+          backward(q.dtype(), q.device(), s, sc, of(q), of(k), of(v), of(o), of(dout), sl.unpack(), of(dq),
+                   of(dk), of(dv));
           return {dq, dk, dv};
+        });
+  return o;
+}
+
+}  // namespace bt
+
+namespace bt {
+namespace {
+
+/// Head h of the q (part 0), k (1) or v (2) third of a contiguous [B, T, 3C]
+/// buffer, as a [B, H, T, D] operand.
+Operand qkv_part(const Tensor& qkv, int part, int64_t T, int64_t C, int64_t D) {
+  char* base = static_cast<char*>(qkv.data_ptr()) + part * C * static_cast<int64_t>(dtype_size(qkv.dtype()));
+  return {base, {T * 3 * C, D, 3 * C}};
+}
+
+/// A contiguous [B, T, C] buffer as a [B, H, T, D] operand (heads side by side).
+Operand merged(const Tensor& t, int64_t T, int64_t C, int64_t D) { return {t.data_ptr(), {T * C, D, C}}; }
+
+}  // namespace
+
+Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, double scale) {
+  detail::check_defined("causal_self_attention", qkv_in, "qkv");
+  detail::check_dim("causal_self_attention", qkv_in, "qkv", 3);
+  detail::check_dtype("causal_self_attention", qkv_in, "qkv", {DType::F32, DType::F64, DType::BF16});
+  const int64_t B = qkv_in.size(0), T = qkv_in.size(1), C3 = qkv_in.size(2);
+  BT_CHECK(n_head > 0 && C3 % (3 * n_head) == 0, "causal_self_attention: the last dim of qkv (", C3,
+           ") must be 3 x n_head (", n_head, ") x head size");
+  const int64_t C = C3 / 3, D = C / n_head;
+  Tensor qkv = qkv_in.contiguous();
+  const kernels::AttnShape s{B, n_head, T, D};
+  const float sc = default_scale(scale, D);
+  Tensor o = empty({B, T, C}, qkv.options());
+  Tensor lse = forward(qkv.dtype(), qkv.device(), s, sc, qkv_part(qkv, 0, T, C, D), qkv_part(qkv, 1, T, C, D),
+                       qkv_part(qkv, 2, T, C, D), merged(o, T, C, D));
+  if (autograd::any_requires_grad({&qkv_in}))
+    autograd::record(
+        "CausalSelfAttentionBackward", {&qkv_in}, o,
+        [sq = SavedTensor(qkv, "causal_self_attention"), so = SavedTensor(o, "causal_self_attention"),
+         sl = SavedTensor(lse, "causal_self_attention"), s, sc, T, C,
+         D](autograd::Grads& g) -> autograd::Grads {
+          Tensor qkv = sq.unpack(), o = so.unpack();
+          Tensor dout = g[0].contiguous();
+          Tensor dqkv = empty(qkv.shape(), qkv.options());  // every element written below
+          backward(qkv.dtype(), qkv.device(), s, sc, qkv_part(qkv, 0, T, C, D), qkv_part(qkv, 1, T, C, D),
+                   qkv_part(qkv, 2, T, C, D), merged(o, T, C, D), merged(dout, T, C, D), sl.unpack(),
+                   qkv_part(dqkv, 0, T, C, D), qkv_part(dqkv, 1, T, C, D), qkv_part(dqkv, 2, T, C, D));
+          return {dqkv};
         });
   return o;
 }

@@ -52,8 +52,13 @@ Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax) {
       [&] {
         kernels::cpu::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am);
       },
-      BT_CUDA_LAMBDA(kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim,
-                                               p.inner, am, stream)));
+      BT_CUDA_LAMBDA({
+        const size_t n = kernels::cuda::reduce_dim_scratch_floats(op, p.outer, p.dim, p.inner);
+        Tensor scratch =
+            n ? empty({static_cast<int64_t>(n)}, TensorOptions{DType::F32, x.device()}) : Tensor();
+        kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am,
+                                  n ? scratch.data<float>() : nullptr, stream);
+      }));
   return y;
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/common/error.h"
 #include "runtime/alloc/allocator.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/core/profiler.h"
 #include "runtime/core/stream.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/optim/clip.h"
@@ -52,23 +53,43 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
 
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  opt_->zero_grad();
+  ProfileScope prof_step("step");
+  {
+    ProfileScope prof("zero_grad");
+    opt_->zero_grad();
+  }
   Tensor loss_sum;
   for (int64_t j = 0; j < accum_; ++j) {
-    Batch b = train_->next();
-    Tensor x = b.inputs.to(device_, /*non_blocking=*/true);
-    Tensor y = b.targets.to(device_, /*non_blocking=*/true);
-    Tensor loss = model_->loss(x, y);
-    (accum_ == 1 ? loss : mul(loss, 1.0 / static_cast<double>(accum_))).backward();
+    Tensor x, y, loss;
+    {
+      ProfileScope prof("data");
+      Batch b = train_->next();
+      x = b.inputs.to(device_, /*non_blocking=*/true);
+      y = b.targets.to(device_, /*non_blocking=*/true);
+    }
+    {
+      ProfileScope prof("forward");
+      loss = model_->loss(x, y);
+    }
+    {
+      ProfileScope prof("backward");
+      (accum_ == 1 ? loss : mul(loss, 1.0 / static_cast<double>(accum_))).backward();
+    }
     NoGradGuard ng;
     Tensor l = loss.detach();
     loss_sum = loss_sum.defined() ? add(loss_sum, l) : l;
   }
   StepStats s;
-  s.grad_norm = global_grad_norm(model_->parameters());
+  {
+    ProfileScope prof("grad_norm");
+    s.grad_norm = global_grad_norm(model_->parameters());
+  }
   s.lr = schedule_.at(step_);
   opt_->set_lr(s.lr);
-  opt_->step(clip_coefficient(s.grad_norm, cfg_.train.grad_clip));
+  {
+    ProfileScope prof("optimizer");
+    opt_->step(clip_coefficient(s.grad_norm, cfg_.train.grad_clip));
+  }
   s.loss = static_cast<double>(loss_sum.item<float>()) / static_cast<double>(accum_);
   if (device_.is_cuda()) Stream::current(device_).synchronize();
   s.step = ++step_;

@@ -51,6 +51,42 @@ TEST(CudaReduce, MatchesCpu) {
   }
 }
 
+// The two-pass split (few outputs, long dim: a full sum, a bias gradient over
+// B*T rows) against the CPU, and bitwise repeatable.
+TEST(CudaReduce, SplitPassMatchesCpuAndRepeats) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const Shape shapes[] = {{1, 3000001, 1}, {2, 100000, 1}, {1, 16384, 768}, {1, 20001, 37}, {3, 9000, 64}};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean}) {
+      for (const Shape& s : shapes) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " op " << static_cast<int>(op) << " ["
+                                          << s.outer << ", " << s.dim << ", " << s.inner << "]");
+        const size_t nscratch = cuda::reduce_dim_scratch_floats(op, s.outer, s.dim, s.inner);
+        ASSERT_GT(nscratch, 0u) << "this shape should take the split pass";
+        const int64_t n_in = s.outer * s.dim * s.inner, n_out = s.outer * s.inner;
+        const HostBuf in = random_buf(dt, n_in, gen, 0.5, 1.5);
+        HostBuf ref(dt, n_out);
+        cpu::reduce_dim(op, dt, in.data(), ref.data(), s.outer, s.dim, s.inner, nullptr);
+        DevBuf din(in), dout(ref.size_bytes()), scratch(nscratch * sizeof(float));
+        dout.poison();
+        cuda::reduce_dim(op, dt, din.get(), dout.get(), s.outer, s.dim, s.inner, nullptr, scratch.as<float>(),
+                         nullptr);
+        const auto first = dout.to_host(dt, n_out).vals();
+        BT_EXPECT_REL(first, ref.vals(), dt == DType::F32 ? 1e-5 : tol(dt), "split reduce");
+        dout.poison();
+        cuda::reduce_dim(op, dt, din.get(), dout.get(), s.outer, s.dim, s.inner, nullptr, scratch.as<float>(),
+                         nullptr);
+        EXPECT_EQ(dout.to_host(dt, n_out).vals(), first) << "two runs differ";
+      }
+    }
+  }
+  EXPECT_EQ(cuda::reduce_dim_scratch_floats(ReduceOp::Sum, 4096, 768, 1), 0u) << "wide grids need no split";
+  EXPECT_EQ(cuda::reduce_dim_scratch_floats(ReduceOp::Max, 1, 1 << 24, 1), 0u);
+}
+
 TEST(CudaReduce, MaxPropagatesNanAndTiesTakeFirstIndex) {
   BT_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::F32, DType::BF16}) {

@@ -91,6 +91,25 @@ TEST(Gradcheck, CausalAttention) {
         return causal_attention(part(0), part(1), part(2));
       },
       {leaf({1, 6, 3, 2, 4}, 59)}));
+  // The fused form: heads read from and gradients written into [B, T, 3C] in place.
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return causal_self_attention(v[0], 2); }, {leaf({2, 5, 3 * 2 * 4}, 61)}));
+}
+
+TEST(Attention, SelfAttentionEqualsAttentionOnSlicedHeads) {
+  Tensor qkv = leaf({2, 7, 3 * 3 * 4}, 62);
+  Tensor fused = causal_self_attention(qkv, 3);
+  Tensor parts = qkv.view({2, 7, 3, 3, 4});
+  auto part = [&](int i) { return parts.select(2, i).permute({0, 2, 1, 3}); };
+  Tensor ref = causal_attention(part(0), part(1), part(2)).permute({0, 2, 1, 3}).reshape({2, 7, 12});
+  EXPECT_EQ(fused.to_vector<double>(), ref.contiguous().to_vector<double>());
+  Tensor w = leaf({2, 7, 12}, 63);
+  sum(mul(fused, w)).backward();
+  const std::vector<double> g_fused = qkv.grad().to_vector<double>();
+  qkv.zero_grad();
+  sum(mul(ref, w)).backward();
+  EXPECT_EQ(g_fused, qkv.grad().to_vector<double>());
+  EXPECT_THROW(causal_self_attention(qkv, 5), Error);  // 36 is not 3 x 5 x D
 }
 
 TEST(Gradcheck, CrossEntropy) {
