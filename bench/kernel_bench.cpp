@@ -6,11 +6,12 @@
 //     ceiling, counting bytes read + written.
 //   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
 //     of the copy bandwidth measured in the same run at the same size.
-//   Causal attention, bf16, GPT-2 124M shape (B 16, H 12, T 1024, D 64; q/k/v
-//     strided slices of a fused [B, T, 3, H, D] buffer), forward and backward
-//     in TFLOP/s: the tensor-core path against the SIMT kernel it replaced
-//     (reached by a t-stride of 3HD + 1, whose unaligned rows the tensor-core
-//     path declines). Causal FLOPs: forward 2 B H T^2 D, backward 2.5x that.
+//   Causal attention, bf16 and strict f32, GPT-2 124M shape (B 16, H 12,
+//     T 1024, D 64; q/k/v strided slices of a fused [B, T, 3, H, D] buffer),
+//     forward and backward in TFLOP/s: the fast path (bf16: tensor cores; f32:
+//     the register-tiled FFMA kernels) against the one-row-per-lane SIMT kernel
+//     it replaced (reached by a t-stride of 3HD + 1, whose unaligned rows the
+//     fast paths decline). Causal FLOPs: forward 2 B H T^2 D, backward 2.5x that.
 //
 // Timing: CUDA events around each repetition, after warm-up; the median of
 // >= 20 repetitions; inputs are random (never zeros).
@@ -216,49 +217,52 @@ void bench_attention(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
   const k::AttnShape shape{B, H, T, D};
   const int64_t n = B * H * T * D;
   const double fwd_flops = 2.0 * B * H * T * T * D, bwd_flops = 2.5 * fwd_flops;
-  const size_t es = 2;
-  // Contiguous o, dout and grads (as the runtime allocates them); lse and Di scratch.
-  Dev o(n * es), dout(n * es), dq(n * es), dk(n * es), dv(n * es), lse(B * H * T * 4),
-      scratch(k::cuda::attention_backward_scratch_floats(shape) * 4);
-  fill_random(DType::BF16, dout.p, n, 12, -1.0f, 1.0f, s);
-  const k::AttnStrides so = k::contiguous_bhtd(shape);
-  // t-stride of the fused qkv buffer: aligned rows (tensor cores), then unaligned (SIMT).
-  const int64_t rows_of[2] = {3 * H * D, 3 * H * D + 1};
-  double ms[2][2] = {};  // [path][fwd, bwd]
-  for (int pi = 0; pi < 2; ++pi) {
-    const int64_t row = rows_of[pi];
-    Dev qkv(B * T * row * es);
-    fill_random(DType::BF16, qkv.p, B * T * row, 11, -2.0f, 2.0f, s);
-    const auto at = [&](int64_t off) { return qkv.as<unsigned char>() + off * es; };
-    const k::AttnStrides sqkv{T * row, D, row};
-    k::AttnForward f;
-    f.dt = DType::BF16;
-    f.shape = shape;
-    f.scale = 0.125f;
-    f.q = at(0), f.k = at(H * D), f.v = at(2 * H * D);
-    f.sq = f.sk = f.sv = sqkv;
-    f.o = o.p, f.so = so;
-    f.lse = lse.as<float>();
-    ms[pi][0] = timer.median_ms([&] { k::cuda::attention_forward(f, s); }, s);
-    k::AttnBackward b;
-    b.dt = DType::BF16;
-    b.shape = shape;
-    b.scale = f.scale;
-    b.q = f.q, b.k = f.k, b.v = f.v;
-    b.sq = b.sk = b.sv = sqkv;
-    b.o = o.p, b.so = so;
-    b.dout = dout.p, b.sdo = so;
-    b.lse = lse.as<float>();
-    b.dq = dq.p, b.dk = dk.p, b.dv = dv.p;
-    b.sdq = b.sdk = b.sdv = so;
-    ms[pi][1] = timer.median_ms([&] { k::cuda::attention_backward(b, scratch.as<float>(), s); }, s);
-  }
   const std::string size = "B16 H12 T1024 D64";
   const auto tf = [](double flops, double t) { return flops / (t * 1e-3) / 1e12; };
-  rows.push_back({"Attention fwd bf16 (causal)", size, "TFLOP/s", tf(fwd_flops, ms[0][0]),
-                  tf(fwd_flops, ms[1][0]), "old SIMT kernel"});
-  rows.push_back({"Attention bwd bf16 (causal)", size, "TFLOP/s", tf(bwd_flops, ms[0][1]),
-                  tf(bwd_flops, ms[1][1]), "old SIMT kernel"});
+  for (DType dt : {DType::BF16, DType::F32}) {
+    const size_t es = bt::dtype_size(dt);
+    // Contiguous o, dout and grads (as the runtime allocates them); lse and Di scratch.
+    Dev o(n * es), dout(n * es), dq(n * es), dk(n * es), dv(n * es), lse(B * H * T * 4),
+        scratch(k::cuda::attention_backward_scratch_floats(shape) * 4);
+    fill_random(dt, dout.p, n, 12, -1.0f, 1.0f, s);
+    const k::AttnStrides so = k::contiguous_bhtd(shape);
+    // t-stride of the fused qkv buffer: aligned rows (fast path), then unaligned (SIMT).
+    const int64_t rows_of[2] = {3 * H * D, 3 * H * D + 1};
+    double ms[2][2] = {};  // [path][fwd, bwd]
+    for (int pi = 0; pi < 2; ++pi) {
+      const int64_t row = rows_of[pi];
+      Dev qkv(B * T * row * es);
+      fill_random(dt, qkv.p, B * T * row, 11, -2.0f, 2.0f, s);
+      const auto at = [&](int64_t off) { return qkv.as<unsigned char>() + off * es; };
+      const k::AttnStrides sqkv{T * row, D, row};
+      k::AttnForward f;
+      f.dt = dt;
+      f.shape = shape;
+      f.scale = 0.125f;
+      f.q = at(0), f.k = at(H * D), f.v = at(2 * H * D);
+      f.sq = f.sk = f.sv = sqkv;
+      f.o = o.p, f.so = so;
+      f.lse = lse.as<float>();
+      ms[pi][0] = timer.median_ms([&] { k::cuda::attention_forward(f, s); }, s);
+      k::AttnBackward b;
+      b.dt = dt;
+      b.shape = shape;
+      b.scale = f.scale;
+      b.q = f.q, b.k = f.k, b.v = f.v;
+      b.sq = b.sk = b.sv = sqkv;
+      b.o = o.p, b.so = so;
+      b.dout = dout.p, b.sdo = so;
+      b.lse = lse.as<float>();
+      b.dq = dq.p, b.dk = dk.p, b.dv = dv.p;
+      b.sdq = b.sdk = b.sdv = so;
+      ms[pi][1] = timer.median_ms([&] { k::cuda::attention_backward(b, scratch.as<float>(), s); }, s);
+    }
+    const std::string name = dt == DType::F32 ? "f32 (strict, causal)" : "bf16 (causal)";
+    rows.push_back({"Attention fwd " + name, size, "TFLOP/s", tf(fwd_flops, ms[0][0]),
+                    tf(fwd_flops, ms[1][0]), "old SIMT kernel"});
+    rows.push_back({"Attention bwd " + name, size, "TFLOP/s", tf(bwd_flops, ms[0][1]),
+                    tf(bwd_flops, ms[1][1]), "old SIMT kernel"});
+  }
 }
 
 std::string table(const std::vector<Row>& rows) {

@@ -1,8 +1,10 @@
-// CUDA causal flash-style attention: dispatch, and the SIMT kernels (fp32
-// accumulation) that serve F32 and every case the tensor-core path does not.
-// BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), scale > 0 and
-// 16-byte aligned rows goes to kernels/cuda/attention_mma.cu instead (which
-// computes the backward's Di in its dQ pass, into the same scratch).
+// CUDA causal flash-style attention: dispatch, and the one-row-per-lane SIMT
+// kernels (fp32 accumulation) that serve every case the two fast paths do not:
+//   - BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), scale > 0
+//     and 16-byte aligned rows: the tensor cores, kernels/cuda/attention_mma.cu;
+//   - F32 with D in {32, 64}, a finite scale and 16-byte aligned rows: the
+//     register-tiled strict-fp32 kernels, kernels/cuda/attention_f32.cu.
+// Both compute the backward's Di in their dQ pass, into the same scratch.
 //
 // SIMT kernels:
 // Layout of work: D is padded to DP in {16, 32, 64, 128} (padded dims are zero
@@ -23,6 +25,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_f32.cuh"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
 
@@ -328,6 +331,10 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
       detail::attention_forward_mma(a, stream);
       return;
     }
+    if (detail::attention_forward_f32_ok(a)) {
+      detail::attention_forward_f32(a, stream);
+      return;
+    }
     with_dp(padded_d(g.D), [&](auto dpc) {
       constexpr int DP = decltype(dpc)::value;
       constexpr int BR = kThreads / (DP / kPerLane);
@@ -359,6 +366,10 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
     BT_CHECK(ceil_div(rows, 8) < INT_MAX, "cuda attention_backward: too many rows");
     if (detail::attention_backward_mma_ok(a)) {
       detail::attention_backward_mma(a, scratch, stream);  // computes Di itself
+      return;
+    }
+    if (detail::attention_backward_f32_ok(a)) {
+      detail::attention_backward_f32(a, scratch, stream);  // computes Di itself
       return;
     }
     attn_bwd_dot_kernel<T><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(a, g, scratch);

@@ -1,8 +1,10 @@
 // GPU causal attention forward/backward against the CPU kernels: T not a
 // multiple of the tiles, several head dims, contiguous and fused-QKV strides.
 // The TensorCore* tests aim at the bf16 mma.sync path (D in {32, 64, 128},
-// 16-byte aligned rows) against the CPU float64 kernels on the same bf16
-// values, plus its determinism and the SIMT fallback for unaligned rows.
+// 16-byte aligned rows) and the F32Tiled* tests at the register-tiled strict
+// fp32 path (D in {32, 64}, 16-byte aligned rows), each against the CPU
+// float64 kernels on the same values, plus their determinism and the SIMT
+// fallback for unaligned rows.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -148,20 +150,23 @@ TEST(CudaAttention, MatchesCpu) {
   }
 }
 
-/// Fused [B, T, 3, H, D] q/k/v (each t-row padded by `t_pad` elements) in bf16
-/// on the GPU; the CPU float64 kernels on the same values are the reference.
-/// The GPU backward consumes the GPU forward's o and lse, as in training.
-/// Gradients land in a fused buffer of the same layout.
-void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t_pad = 0) {
-  SCOPED_TRACE(::testing::Message() << "bf16 vs f64: B " << c.B << " H " << c.H << " T " << c.T << " D "
-                                    << c.D << " stddev " << stddev << " t_pad " << t_pad);
-  const DType dt = DType::BF16;
+/// Fused [B, T, 3, H, D] q/k/v (each t-row padded by `t_pad` elements) in `dt`
+/// (bf16 or f32) on the GPU; the CPU float64 kernels on the same values are the
+/// reference. The GPU backward consumes the GPU forward's o and lse, as in
+/// training. Gradients land in a fused buffer of the same layout. `scale` 0
+/// means 1 / sqrt(D).
+void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t_pad = 0,
+                DType dt = DType::BF16, float scale = 0.0f) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " vs f64: B " << c.B << " H " << c.H << " T " << c.T
+                                    << " D " << c.D << " stddev " << stddev << " t_pad " << t_pad << " scale "
+                                    << scale);
+  const size_t es = dtype_size(dt);
   const AttnShape s{c.B, c.H, c.T, c.D};
   const int64_t n = c.B * c.H * c.T * c.D, row = 3 * c.H * c.D + t_pad, total = c.B * c.T * row;
   const AttnStrides sqkv{c.T * row, c.D, row};
   const int64_t oq = 0, ok = c.H * c.D, ov = 2 * c.H * c.D;
   const AttnStrides so = kernels::contiguous_bhtd(s);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   const HostBuf qkv = randn_buf(dt, total, gen, stddev), dout = randn_buf(dt, n, gen);
   HostBuf qkv64(DType::F64, qkv.vals()), dout64(DType::F64, dout.vals());
   const auto at64 = [](HostBuf& h, int64_t off) { return h.as<double>() + off; };
@@ -180,15 +185,15 @@ void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t
   f.lse = lse64.data();
   cpu::attention_forward(f);
 
-  // ---- GPU, bf16
-  DevBuf d_qkv(qkv), d_o(static_cast<size_t>(n) * 2), d_lse(lse64.size() * sizeof(float)), d_dout(dout),
-      d_grads(static_cast<size_t>(total) * 2),
+  // ---- GPU, dt
+  DevBuf d_qkv(qkv), d_o(static_cast<size_t>(n) * es), d_lse(lse64.size() * sizeof(float)), d_dout(dout),
+      d_grads(static_cast<size_t>(total) * es),
       scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
   d_o.poison();
   d_lse.poison();
   d_grads.poison();
   scratch.poison();
-  const auto dev = [](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * 2; };
+  const auto dev = [es](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * es; };
   AttnForward fg;
   fg.dt = dt;
   fg.shape = s;
@@ -202,8 +207,8 @@ void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t
   BT_EXPECT_REL(d_o.to_host(dt, n).vals(), o64.vals(), tol(dt), "o");
   BT_EXPECT_REL(to_doubles(d_lse.to_vector<float>(lse64.size())), to_doubles(lse64), 1e-5, "lse");
 
-  // ---- float64 reference backward. Its Di = rowsum(dO * O) uses the bf16 o the
-  // GPU backward gets, so that only the kernels' arithmetic is compared.
+  // ---- float64 reference backward. Its Di = rowsum(dO * O) uses the o the GPU
+  // backward gets, so that only the kernels' arithmetic is compared.
   HostBuf o_used(DType::F64, d_o.to_host(dt, n).vals());
   AttnBackward bw;
   bw.dt = DType::F64;
@@ -270,22 +275,23 @@ TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
 /// Bytes of a device buffer.
 std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsigned char>(d.bytes()); }
 
-TEST(CudaAttention, TensorCorePathIsDeterministic) {
-  BT_SKIP_WITHOUT_GPU();
+/// Two forward + backward runs on the same inputs (fused q/k/v, B 2, H 3,
+/// T 333) give the same bytes in o, lse, dq, dk and dv.
+void check_deterministic(DType dt, int64_t D) {
   const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D << " seed " << seed);
   std::mt19937 gen(seed);
-  const DType dt = DType::BF16;
-  const int64_t B = 2, H = 3, T = 333, D = 64;
+  const size_t es = dtype_size(dt);
+  const int64_t B = 2, H = 3, T = 333;
   const AttnShape s{B, H, T, D};
   const int64_t n = B * H * T * D;
   const AttnStrides sqkv{T * 3 * H * D, D, 3 * H * D}, so = kernels::contiguous_bhtd(s);
   DevBuf d_qkv(randn_buf(dt, 3 * n, gen)), d_dout(randn_buf(dt, n, gen));
-  const auto dev = [](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * 2; };
+  const auto dev = [es](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * es; };
   std::vector<unsigned char> o_first, lse_first, g_first;
   for (int run = 0; run < 2; ++run) {
-    DevBuf d_o(static_cast<size_t>(n) * 2), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
-        d_grads(static_cast<size_t>(3 * n) * 2),
+    DevBuf d_o(static_cast<size_t>(n) * es), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
+        d_grads(static_cast<size_t>(3 * n) * es),
         scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
     d_o.poison();
     d_lse.poison();
@@ -315,10 +321,42 @@ TEST(CudaAttention, TensorCorePathIsDeterministic) {
       o_first = bytes_of(d_o), lse_first = bytes_of(d_lse), g_first = bytes_of(d_grads);
       continue;
     }
-    EXPECT_EQ(first_byte_mismatch(bytes_of(d_o), o_first, 2), -1) << "o differs between two runs";
+    EXPECT_EQ(first_byte_mismatch(bytes_of(d_o), o_first, es), -1) << "o differs between two runs";
     EXPECT_EQ(first_byte_mismatch(bytes_of(d_lse), lse_first, 4), -1) << "lse differs between two runs";
-    EXPECT_EQ(first_byte_mismatch(bytes_of(d_grads), g_first, 2), -1) << "dq/dk/dv differ between two runs";
+    EXPECT_EQ(first_byte_mismatch(bytes_of(d_grads), g_first, es), -1) << "dq/dk/dv differ between two runs";
   }
+}
+
+TEST(CudaAttention, TensorCorePathIsDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  check_deterministic(DType::BF16, 64);
+}
+
+TEST(CudaAttention, F32TiledPathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const DType f32 = DType::F32;
+  for (int64_t T : {1, 17, 100, 257, 1024}) run_vs_f64({2, 3, T, 64, true}, gen, 1.0, 0, f32);
+  run_vs_f64({2, 2, 200, 64, true}, gen, 2.5, 0, f32);  // peaked softmax: large running-max corrections
+  run_vs_f64({2, 2, 130, 64, true}, gen, 1.0, 4, f32);  // padded rows, still 16-byte aligned
+  run_vs_f64({1, 3, 190, 64, true}, gen, 1.0, 0, f32, -0.2f);  // a negative scale
+  for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 32, true}, gen, 1.0, 0, f32);
+}
+
+TEST(CudaAttention, F32TiledPathIsDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  check_deterministic(DType::F32, 64);
+  check_deterministic(DType::F32, 32);
+}
+
+TEST(CudaAttention, UnalignedF32RowsUseTheSimtPath) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  run_vs_f64({2, 2, 70, 64, true}, gen, 1.0, 1, DType::F32);  // t stride 3HD + 1: rows not 16-byte aligned
 }
 
 TEST(CudaAttention, RejectsHeadDimAbove128) {

@@ -1,0 +1,716 @@
+// Causal attention in strict fp32 (FFMA only: no TF32, no tensor cores),
+// register-tiled like a SIMT GEMM, in the FlashAttention-2 form. Dispatched
+// from kernels/cuda/attention.cu for F32 with D in {32, 64}, a finite scale and
+// 16-byte aligned rows (attention_*_f32_ok); the one-row-per-lane SIMT kernels
+// there handle everything else.
+//
+// Thread layout (every kernel here). A block of NW warps owns BM = 2 NW RM
+// "rows" (queries in the forward and the dQ pass, keys in the dK/dV pass) and
+// streams tiles of BN = 16 RN "columns" (keys, or queries) through shared
+// memory. Each half-warp is a row group: rg = 2 warp + lane / 16 (NRG = 2 NW
+// groups), cg = lane % 16. Thread (rg, cg) owns
+//   - the RM rows rg + NRG i (i < RM), so the two row groups of a warp read
+//     adjacent rows: their float4 loads hit different banks;
+//   - in every BM x BN score-like tile (S, dP, P, dS), the RN columns cg + 16 j
+//     (j < RN): the 16 lanes of a row group read 16 consecutive rows of a
+//     [BN][D + 4] tile, conflict-free (2 wavefronts for 256 bytes);
+//   - in every BM x D output-like tile (O, dQ, dK, dV), the DC = D / 16
+//     consecutive columns cg DC .. cg DC + DC - 1.
+// All 16 threads of a row share its rows, so a row's max needs 4 xor-shuffles
+// within the half-warp, and a score tile that one row group writes to shared
+// memory ([BM][BN + 16], P or dS) is read back only by that same row group
+// (the same warp): a __syncwarp suffices between them.
+//
+// Products (micro-kernels below; float4 loads from shared memory; the k loop
+// unrolled KU times, the rest fully):
+//   mm_nt: acc[RM][RN] += A[rows][k] B[cols][k] over k (both k-contiguous),
+//          per 4 k: RN + RM LDS.128 for 4 RM RN FFMA (S = Q K^T, dP = dO V^T, ...)
+//   mm_nn: acc[RM][DC] += A[rows][k] B[k][cg DC ..] over k (A = P or dS, B a
+//          [rows][D] tile), per 4 k: RM LDS.128 + 4 vector loads for 4 RM DC FFMA
+// Default configuration (D = 64): RM = 8, RN = 4, NW = 4, so BM = BN = 64,
+// 128 threads, 32 score and 32 output accumulators per thread.
+//
+// Tiles arrive by 16-byte cp.async (rows past T zero-filled). Q (forward, dQ
+// pass) or K (dK/dV pass) is multiplied by scale * log2(e) in shared memory
+// once (each thread scales the chunks it copied), so scores come out in
+// base-2 units and P = 2^(s - m) or 2^(s - lse log2 e) is one ex2.approx.
+// Single-buffered K/V (or Q/dO) tiles, each re-filled as soon as the product
+// that reads it is done, so it lands while the other operand's products run;
+// 2-3 resident blocks per SM hide the rest.
+//
+// Forward, per (b, h, 64 queries), key tiles up to the diagonal (fully masked
+// ones skipped, the diagonal one masked):
+//   S = Q' K^T -> online softmax (row max by shuffles; per-thread partial row
+//   sums, reduced once at the end) -> P to shared memory -> O += P V;
+//   O / l written with float4 stores, lse = ln 2 (m + log2 l).
+// Backward (deterministic, every output element written once, no atomics):
+//   dQ pass, per (b, h, 64 queries): Di = rowsum(dO * O) of its rows (written
+//   to the scratch for the next pass), then per key tile: dP = dO V^T,
+//   S = Q' K^T, dS = P (dP - Di) to shared memory, dQ += dS K. dQ *= scale.
+//   dK/dV pass, per (b, h, 64 keys), query tiles from the diagonal: S^T = K' Q^T,
+//   dP^T = V dO^T, P^T and dS^T = P^T (dP^T - Di) to shared memory,
+//   dK += dS^T Q, dV += P^T dO. dK *= scale.
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/attention_f32.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace bt::kernels::cuda::detail {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D_, int RM_, int RN_, int NW_, int KU_ = 1>
+struct Cfg {
+  static constexpr int D = D_, RM = RM_, RN = RN_, NW = NW_;
+  static constexpr int KU = KU_;  // unroll of the k loops of the products (steps of 4)
+  static constexpr int kThreads = 32 * NW;
+  static constexpr int NRG = 2 * NW;   // row groups of 16 lanes
+  static constexpr int BM = NRG * RM;  // rows owned by a block
+  static constexpr int BN = 16 * RN;   // columns of a streamed tile
+  static constexpr int DC = D / 16;    // output columns per thread
+  // Row strides: [rows][D] tiles are float4-aligned and skewed by 4 banks a
+  // row; [BM][BN] tiles put the two row groups of a warp 16 banks apart.
+  static constexpr int LD = D + 4;
+  static constexpr int LP = BN + 16;
+  static_assert(D % 16 == 0 && (DC == 2 || DC == 4), "D must be 32 or 64");
+  static_assert(BN % 32 == 0, "LP % 32 == 16 needs BN % 32 == 0");
+};
+
+struct F32Fwd {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* o;
+  float* lse;
+  AttnStrides sq, sk, sv, so;
+  int64_t B, H, T, tiles;
+  float scale_log2;
+};
+
+struct F32Bwd {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* o;
+  const float* dout;
+  const float* lse;
+  float* di;  // written by the dQ pass, read by the dK/dV pass
+  float* dq;
+  float* dk;
+  float* dv;
+  AttnStrides sq, sk, sv, so, sdo, sdq, sdk, sdv;
+  int64_t B, H, T, tiles;
+  float scale, scale_log2;
+};
+
+/// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero, far below what
+/// changes a softmax sum that is at least 1).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Max / sum over the 16 lanes of a row group.
+__device__ __forceinline__ float group16_max(float v) {
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float group16_sum(float v) {
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// N consecutive floats (N in {2, 4}; 8N-byte aligned) as one access.
+template <int N>
+__device__ __forceinline__ void ld_vec(const float* p, float (&v)[N]) {
+  if constexpr (N == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+    static_assert(N == 2, "vectors of 2 or 4 floats");
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    v[0] = t.x, v[1] = t.y;
+  }
+}
+template <int N>
+__device__ __forceinline__ void st_vec(float* p, const float (&v)[N], float mul) {
+  if constexpr (N == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0] * mul, v[1] * mul, v[2] * mul, v[3] * mul);
+  } else {
+    static_assert(N == 2, "vectors of 2 or 4 floats");
+    *reinterpret_cast<float2*>(p) = make_float2(v[0] * mul, v[1] * mul);
+  }
+}
+
+/// Async copy of rows [row0, row0 + ROWS) of a [T, D] slab (row stride `st`,
+/// 16-byte aligned rows) into a [ROWS][LD] tile; rows >= T become zeros. All NT
+/// threads take part; thread x copies the chunks x, x + NT, ...
+template <int D, int LD, int ROWS, int NT>
+__device__ __forceinline__ void load_rows(float* tile, const float* g, int64_t st, int64_t row0, int64_t T) {
+  constexpr int kChunks = D / 4, kTotal = ROWS * kChunks;
+  static_assert(kTotal % NT == 0, "tile chunks must divide evenly among the threads");
+#pragma unroll
+  for (int it = 0; it < kTotal / NT; ++it) {
+    const int i = it * NT + static_cast<int>(threadIdx.x);
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t t = row0 + r;
+    const bool ok = t < T;
+    cp_async16(smem_u32(tile + r * LD + c * 4), g + (ok ? t * st + c * 4 : 0), ok);
+  }
+}
+
+/// Multiplies the chunks this thread copied with load_rows by `mul` (after its
+/// own cp.async.wait: a thread sees its own copies without a barrier).
+template <int D, int LD, int ROWS, int NT>
+__device__ __forceinline__ void scale_rows(float* tile, float mul) {
+  constexpr int kChunks = D / 4, kTotal = ROWS * kChunks;
+#pragma unroll
+  for (int it = 0; it < kTotal / NT; ++it) {
+    const int i = it * NT + static_cast<int>(threadIdx.x);
+    float4* p = reinterpret_cast<float4*>(tile + (i / kChunks) * LD + (i % kChunks) * 4);
+    float4 v = *p;
+    v.x *= mul, v.y *= mul, v.z *= mul, v.w *= mul;
+    *p = v;
+  }
+}
+
+/// Async copy of floats [row0, row0 + N) of `src` (zeros past T).
+template <int N, int NT>
+__device__ __forceinline__ void load_floats(float* dst, const float* src, int64_t row0, int64_t T) {
+  for (int i = threadIdx.x; i < N; i += NT) {
+    const int64_t t = row0 + i;
+    const bool ok = t < T;
+    cp_async4(smem_u32(dst + i), src + (ok ? t : 0), ok);
+  }
+}
+
+/// acc[i][j] += sum_k a[i NRG LDA + k] * b[16 j LDB + k] for k < K: rows
+/// rg + NRG i of a k-contiguous tile times rows cg + 16 j of another (`a` and
+/// `b` already point at rows rg and cg).
+template <int RM, int RN, int K, int NRG, int LDA, int LDB, int KU>
+__device__ __forceinline__ void mm_nt(float (&acc)[RM][RN], const float* a, const float* b) {
+#pragma unroll KU
+  for (int k = 0; k < K; k += 4) {
+    float4 bv[RN];
+#pragma unroll
+    for (int j = 0; j < RN; ++j) bv[j] = *reinterpret_cast<const float4*>(b + j * 16 * LDB + k);
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      const float4 av = *reinterpret_cast<const float4*>(a + i * NRG * LDA + k);
+#pragma unroll
+      for (int j = 0; j < RN; ++j) {
+        acc[i][j] = fmaf(av.x, bv[j].x, acc[i][j]);
+        acc[i][j] = fmaf(av.y, bv[j].y, acc[i][j]);
+        acc[i][j] = fmaf(av.z, bv[j].z, acc[i][j]);
+        acc[i][j] = fmaf(av.w, bv[j].w, acc[i][j]);
+      }
+    }
+  }
+}
+
+/// acc[i][c] += sum_k a[i NRG LDA + k] * b[k LDB + c] for k < K, c < DC: rows
+/// rg + NRG i of a score tile times columns cg DC .. of a [K][D] tile (`a` and
+/// `b` already point at row rg and column cg DC).
+template <int RM, int DC, int K, int NRG, int LDA, int LDB, int KU>
+__device__ __forceinline__ void mm_nn(float (&acc)[RM][DC], const float* a, const float* b) {
+#pragma unroll KU
+  for (int k = 0; k < K; k += 4) {
+    float bv[4][DC];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ld_vec<DC>(b + (k + kk) * LDB, bv[kk]);
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      const float4 av = *reinterpret_cast<const float4*>(a + i * NRG * LDA + k);
+#pragma unroll
+      for (int c = 0; c < DC; ++c) {
+        acc[i][c] = fmaf(av.x, bv[0][c], acc[i][c]);
+        acc[i][c] = fmaf(av.y, bv[1][c], acc[i][c]);
+        acc[i][c] = fmaf(av.z, bv[2][c], acc[i][c]);
+        acc[i][c] = fmaf(av.w, bv[3][c], acc[i][c]);
+      }
+    }
+  }
+}
+
+template <int R, int C>
+__device__ __forceinline__ void zero(float (&x)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) x[i][j] = 0.0f;
+}
+
+// ------------------------------------------------------------------ forward
+template <class C, int MINB>
+__global__ void __launch_bounds__(C::kThreads, MINB) attn_fwd_f32_kernel(const F32Fwd p) {
+  constexpr int D = C::D, RM = C::RM, RN = C::RN, NRG = C::NRG, BM = C::BM, BN = C::BN, DC = C::DC,
+                LD = C::LD, LP = C::LP, NT = C::kThreads;
+  extern __shared__ __align__(16) float smem_f32[];
+  float* qs = smem_f32;      // [BM][LD], scaled by scale * log2 e
+  float* ks = qs + BM * LD;  // [BN][LD]
+  float* vs = ks + BN * LD;  // [BN][LD]
+  float* ps = vs + BN * LD;  // [BM][LP]
+
+  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+  const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
+  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t q0 = tile * BM;
+  const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
+  const float* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const float* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const float* vg = p.v + b * p.sv.b + h * p.sv.h;
+
+  const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
+  const int nkt = static_cast<int>((kend + BN - 1) / BN);
+  load_rows<D, LD, BM, NT>(qs, qg, p.sq.t, q0, T);
+  cp_async_commit();
+  load_rows<D, LD, BN, NT>(ks, kg, p.sk.t, 0, T);
+  cp_async_commit();
+  load_rows<D, LD, BN, NT>(vs, vg, p.sv.t, 0, T);
+  cp_async_commit();
+  cp_async_wait<2>();
+  scale_rows<D, LD, BM, NT>(qs, p.scale_log2);
+
+  float o[RM][DC], m[RM], l[RM];
+  zero(o);
+#pragma unroll
+  for (int i = 0; i < RM; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+  const float* qa = qs + rg * LD;
+  const float* kb = ks + cg * LD;
+  float* pr = ps + rg * LP;
+  const float* vb = vs + cg * DC;
+
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * BN;
+    // In flight here: K(kt), and V(kt) only for kt = 0 (later V tiles are issued below).
+    if (kt == 0) {
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // K(kt) visible; every warp is done with V(kt - 1)
+    if (kt > 0) {
+      load_rows<D, LD, BN, NT>(vs, vg, p.sv.t, k0, T);
+      cp_async_commit();
+    }
+    float s[RM][RN];
+    zero(s);
+    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(s, qa, kb);
+    __syncthreads();  // every warp is done with K(kt)
+    if (kt + 1 < nkt) load_rows<D, LD, BN, NT>(ks, kg, p.sk.t, k0 + BN, T);
+    cp_async_commit();
+
+    if (k0 + BN - 1 > q0 || k0 + BN > T) {  // the diagonal tile, or the end of the sequence
+#pragma unroll
+      for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN; ++j) {
+          const int64_t row = q0 + rg + NRG * i, col = k0 + cg + 16 * j;
+          if (col > row || col >= T) s[i][j] = -INFINITY;
+        }
+    }
+    // Online softmax in base 2; l holds this thread's part of the row sum.
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      float mx = s[i][0];
+#pragma unroll
+      for (int j = 1; j < RN; ++j) mx = fmaxf(mx, s[i][j]);
+      const float m_new = fmaxf(m[i], group16_max(mx));
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float corr = ex2(m[i] - m_use);
+      m[i] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RN; ++j) {
+        const float pv = ex2(s[i][j] - m_use);
+        sum += pv;
+        pr[i * NRG * LP + cg + 16 * j] = pv;
+      }
+      l[i] = fmaf(l[i], corr, sum);
+#pragma unroll
+      for (int c = 0; c < DC; ++c) o[i][c] *= corr;
+    }
+    cp_async_wait<1>();  // V(kt) (K(kt + 1) may still be in flight)
+    __syncthreads();     // V(kt) visible to all; this warp's P visible to the warp
+    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(o, pr, vb);
+  }
+
+  float* og = p.o + b * p.so.b + h * p.so.h;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const float lt = group16_sum(l[i]);
+    const int64_t row = q0 + rg + NRG * i;
+    if (row < T) {
+      st_vec<DC>(og + row * p.so.t + cg * DC, o[i], lt > 0.0f ? 1.0f / lt : 0.0f);
+      if (p.lse && cg == 0) p.lse[bh * T + row] = (m[i] + log2f(lt)) * kLn2;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ backward: dQ (and Di)
+template <class C, int MINB>
+__global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dq_f32_kernel(const F32Bwd p) {
+  constexpr int D = C::D, RM = C::RM, RN = C::RN, NRG = C::NRG, BM = C::BM, BN = C::BN, DC = C::DC,
+                LD = C::LD, LP = C::LP, NT = C::kThreads;
+  extern __shared__ __align__(16) float smem_f32[];
+  float* qs = smem_f32;          // [BM][LD], scaled by scale * log2 e
+  float* dos = qs + BM * LD;     // [BM][LD]
+  float* ks = dos + BM * LD;     // [BN][LD]
+  float* vs = ks + BN * LD;      // [BN][LD]
+  float* dss = vs + BN * LD;     // [BM][LP]
+  float* lse_s = dss + BM * LP;  // [BM], times log2 e
+  float* di_s = lse_s + BM;      // [BM]
+
+  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+  const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
+  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t q0 = tile * BM;
+  const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
+  const float* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const float* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const float* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const float* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const float* og = p.o + b * p.so.b + h * p.so.h;
+
+  const int64_t kend = q0 + BM < T ? q0 + BM : T;
+  const int nkt = static_cast<int>((kend + BN - 1) / BN);
+  load_rows<D, LD, BM, NT>(qs, qg, p.sq.t, q0, T);
+  load_rows<D, LD, BM, NT>(dos, dog, p.sdo.t, q0, T);
+  cp_async_commit();
+  load_rows<D, LD, BN, NT>(vs, vg, p.sv.t, 0, T);
+  cp_async_commit();
+  load_rows<D, LD, BN, NT>(ks, kg, p.sk.t, 0, T);
+  cp_async_commit();
+
+  // Di = rowsum(dO * O) of this thread's rows (16 lanes a row), for this pass
+  // (shared memory) and the dK/dV pass (scratch); lse likewise.
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int64_t row = q0 + rg + NRG * i;
+    float acc = 0.0f;
+    if (row < T) {
+      float ov[DC], dv[DC];
+      ld_vec<DC>(og + row * p.so.t + cg * DC, ov);
+      ld_vec<DC>(dog + row * p.sdo.t + cg * DC, dv);
+#pragma unroll
+      for (int c = 0; c < DC; ++c) acc = fmaf(ov[c], dv[c], acc);
+    }
+    acc = group16_sum(acc);
+    if (cg == 0) {
+      di_s[rg + NRG * i] = acc;
+      lse_s[rg + NRG * i] = row < T ? p.lse[bh * T + row] * kLog2e : 0.0f;
+      if (row < T) p.di[bh * T + row] = acc;
+    }
+  }
+  cp_async_wait<2>();
+  scale_rows<D, LD, BM, NT>(qs, p.scale_log2);
+
+  float dq[RM][DC];
+  zero(dq);
+  const float* qa = qs + rg * LD;
+  const float* doa = dos + rg * LD;
+  const float* kb = ks + cg * LD;
+  const float* vb = vs + cg * LD;
+  float* dsr = dss + rg * LP;
+  const float* kn = ks + cg * DC;
+
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * BN;
+    cp_async_wait<1>();  // in flight here: V(kt), K(kt); wait for V(kt)
+    __syncthreads();     // V(kt) visible (and Q, dO, lse, Di on the first tile)
+    float dp[RM][RN];
+    zero(dp);
+    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(dp, doa, vb);
+    cp_async_wait<0>();  // K(kt)
+    __syncthreads();     // K(kt) visible; every warp is done with V(kt)
+    if (kt + 1 < nkt) load_rows<D, LD, BN, NT>(vs, vg, p.sv.t, k0 + BN, T);
+    cp_async_commit();
+    float s[RM][RN];
+    zero(s);
+    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(s, qa, kb);
+    const bool need_mask = k0 + BN - 1 > q0 || k0 + BN > T;
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      const float lse2 = lse_s[rg + NRG * i], dii = di_s[rg + NRG * i];
+      const int64_t row = q0 + rg + NRG * i;
+#pragma unroll
+      for (int j = 0; j < RN; ++j) {
+        float pv = ex2(s[i][j] - lse2);
+        if (need_mask) {
+          const int64_t col = k0 + cg + 16 * j;
+          if (col > row || col >= T) pv = 0.0f;
+        }
+        dsr[i * NRG * LP + cg + 16 * j] = pv * (dp[i][j] - dii);
+      }
+    }
+    __syncwarp();  // dS rows of this row group are read back by the same warp only
+    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dq, dsr, kn);
+    __syncthreads();  // every warp is done with K(kt) (and its dS)
+    if (kt + 1 < nkt) load_rows<D, LD, BN, NT>(ks, kg, p.sk.t, k0 + BN, T);
+    cp_async_commit();
+  }
+
+  float* dqg = p.dq + b * p.sdq.b + h * p.sdq.h;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int64_t row = q0 + rg + NRG * i;
+    if (row < T) st_vec<DC>(dqg + row * p.sdq.t + cg * DC, dq[i], p.scale);
+  }
+}
+
+// ------------------------------------------------------------------ backward: dK, dV
+// Here the block's rows are BM keys and the streamed tiles are BN queries.
+template <class C, int MINB>
+__global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(const F32Bwd p) {
+  constexpr int D = C::D, RM = C::RM, RN = C::RN, NRG = C::NRG, BM = C::BM, BN = C::BN, DC = C::DC,
+                LD = C::LD, LP = C::LP, NT = C::kThreads;
+  extern __shared__ __align__(16) float smem_f32[];
+  float* ks = smem_f32;           // [BM][LD], scaled by scale * log2 e
+  float* vs = ks + BM * LD;       // [BM][LD]
+  float* qs = vs + BM * LD;       // [BN][LD]
+  float* dos = qs + BN * LD;      // [BN][LD]
+  float* pts = dos + BN * LD;     // [BM][LP]  P^T
+  float* dsts = pts + BM * LP;    // [BM][LP]  dS^T
+  float* lse_s = dsts + BM * LP;  // [BN]
+  float* di_s = lse_s + BN;       // [BN]
+
+  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+  const int64_t bh = bid % bh_count, tile = bid / bh_count;  // first key tiles see the most queries
+  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t k0 = tile * BM;
+  const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
+  const float* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const float* kg = p.k + b * p.sk.b + h * p.sk.h;
+  const float* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const float* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const float* lse_g = p.lse + bh * T;
+  const float* di_g = p.di + bh * T;
+
+  const int64_t qt0 = k0 / BN, nqt = (T + BN - 1) / BN;  // query tiles before qt0 see none of the keys
+  load_rows<D, LD, BM, NT>(ks, kg, p.sk.t, k0, T);
+  load_rows<D, LD, BM, NT>(vs, vg, p.sv.t, k0, T);
+  cp_async_commit();
+  load_rows<D, LD, BN, NT>(qs, qg, p.sq.t, qt0 * BN, T);
+  load_floats<BN, NT>(lse_s, lse_g, qt0 * BN, T);
+  load_floats<BN, NT>(di_s, di_g, qt0 * BN, T);
+  cp_async_commit();
+  load_rows<D, LD, BN, NT>(dos, dog, p.sdo.t, qt0 * BN, T);
+  cp_async_commit();
+  cp_async_wait<2>();
+  scale_rows<D, LD, BM, NT>(ks, p.scale_log2);
+
+  float dk[RM][DC], dv[RM][DC];
+  zero(dk);
+  zero(dv);
+  const float* ka = ks + rg * LD;
+  const float* va = vs + rg * LD;
+  const float* qb = qs + cg * LD;
+  const float* dob = dos + cg * LD;
+  float* ptr = pts + rg * LP;
+  float* dstr = dsts + rg * LP;
+  const float* qn = qs + cg * DC;
+  const float* don = dos + cg * DC;
+
+  for (int64_t qt = qt0; qt < nqt; ++qt) {
+    const int64_t qq0 = qt * BN;
+    cp_async_wait<1>();  // in flight here: Q(qt) (+ lse, Di), dO(qt); wait for Q(qt)
+    __syncthreads();     // Q(qt), lse, Di visible (and K, V on the first tile)
+    float st[RM][RN];
+    zero(st);
+    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(st, ka, qb);
+    cp_async_wait<0>();  // dO(qt)
+    __syncthreads();
+    float dpt[RM][RN];
+    zero(dpt);
+    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(dpt, va, dob);
+    const bool need_mask = qq0 < k0 + BM - 1 || qq0 + BN > T;
+#pragma unroll
+    for (int j = 0; j < RN; ++j) {
+      const float lse2 = lse_s[cg + 16 * j] * kLog2e, dij = di_s[cg + 16 * j];
+      const int64_t qi = qq0 + cg + 16 * j;
+#pragma unroll
+      for (int i = 0; i < RM; ++i) {
+        float pv = ex2(st[i][j] - lse2);
+        if (need_mask) {
+          const int64_t key = k0 + rg + NRG * i;
+          if (qi < key || qi >= T) pv = 0.0f;
+        }
+        ptr[i * NRG * LP + cg + 16 * j] = pv;
+        dstr[i * NRG * LP + cg + 16 * j] = pv * (dpt[i][j] - dij);
+      }
+    }
+    __syncwarp();  // P^T, dS^T rows of this row group are read back by the same warp only
+    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dk, dstr, qn);
+    __syncthreads();  // every warp is done with Q(qt), lse, Di
+    if (qt + 1 < nqt) {
+      load_rows<D, LD, BN, NT>(qs, qg, p.sq.t, qq0 + BN, T);
+      load_floats<BN, NT>(lse_s, lse_g, qq0 + BN, T);
+      load_floats<BN, NT>(di_s, di_g, qq0 + BN, T);
+    }
+    cp_async_commit();
+    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dv, ptr, don);
+    __syncthreads();  // every warp is done with dO(qt)
+    if (qt + 1 < nqt) load_rows<D, LD, BN, NT>(dos, dog, p.sdo.t, qq0 + BN, T);
+    cp_async_commit();
+  }
+
+  float* dkg = p.dk + b * p.sdk.b + h * p.sdk.h;
+  float* dvg = p.dv + b * p.sdv.b + h * p.sdv.h;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int64_t key = k0 + rg + NRG * i;
+    if (key < T) {
+      st_vec<DC>(dkg + key * p.sdk.t + cg * DC, dk[i], p.scale);
+      st_vec<DC>(dvg + key * p.sdv.t + cg * DC, dv[i], 1.0f);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ host side
+/// Every [b, h, t] row of the f32 view starts on a 16-byte boundary (strides of
+/// size-1 dims do not matter).
+bool rows_aligned16(const void* ptr, const AttnStrides& s, const AttnShape& sh) {
+  return ptr != nullptr && aligned_to(ptr, 16) && (sh.B == 1 || s.b % 4 == 0) &&
+         (sh.H == 1 || s.h % 4 == 0) && (sh.T == 1 || s.t % 4 == 0);
+}
+
+unsigned blocks_for(const AttnShape& s, int64_t tiles, const char* what) {
+  const int64_t blocks = s.B * s.H * tiles;
+  BT_CHECK(blocks > 0 && blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", s.B * s.H, ", tiles ",
+           tiles, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+template <typename Kernel, typename Params>
+void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream, const Params& p) {
+  if (smem > 48 * 1024)
+    BT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<blocks, threads, smem, stream>>>(p);
+  BT_KERNEL_CHECK();
+}
+
+template <class C, int MINB>
+void launch_fwd(const AttnForward& a, cudaStream_t stream) {
+  F32Fwd p{};
+  p.q = static_cast<const float*>(a.q);
+  p.k = static_cast<const float*>(a.k);
+  p.v = static_cast<const float*>(a.v);
+  p.o = static_cast<float*>(a.o);
+  p.lse = a.lse;
+  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so;
+  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  p.tiles = ceil_div(p.T, C::BM);
+  p.scale_log2 = a.scale * kLog2e;
+  // Q, K, V, P (the kernel's shared-memory layout)
+  constexpr size_t smem = sizeof(float) * (C::BM * C::LD + 2 * C::BN * C::LD + C::BM * C::LP);
+  launch(attn_fwd_f32_kernel<C, MINB>, blocks_for(a.shape, p.tiles, "attention_forward"), C::kThreads, smem,
+         stream, p);
+}
+
+F32Bwd bwd_params(const AttnBackward& a, float* di) {
+  F32Bwd p{};
+  p.q = static_cast<const float*>(a.q);
+  p.k = static_cast<const float*>(a.k);
+  p.v = static_cast<const float*>(a.v);
+  p.o = static_cast<const float*>(a.o);
+  p.dout = static_cast<const float*>(a.dout);
+  p.lse = a.lse;
+  p.di = di;
+  p.dq = static_cast<float*>(a.dq);
+  p.dk = static_cast<float*>(a.dk);
+  p.dv = static_cast<float*>(a.dv);
+  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so, p.sdo = a.sdo, p.sdq = a.sdq, p.sdk = a.sdk,
+  p.sdv = a.sdv;
+  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  p.scale = a.scale;
+  p.scale_log2 = a.scale * kLog2e;
+  return p;
+}
+
+template <class C, int MINB>
+void launch_dq(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
+  p.tiles = ceil_div(p.T, C::BM);
+  // Q, dO, K, V, dS, lse, Di
+  constexpr size_t smem = sizeof(float) * (2 * C::BM * C::LD + 2 * C::BN * C::LD + C::BM * C::LP + 2 * C::BM);
+  launch(attn_bwd_dq_f32_kernel<C, MINB>, blocks_for(s, p.tiles, "attention_backward"), C::kThreads, smem,
+         stream, p);
+}
+
+template <class C, int MINB>
+void launch_dkdv(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
+  p.tiles = ceil_div(p.T, C::BM);
+  // K, V, Q, dO, P^T, dS^T, lse, Di
+  constexpr size_t smem =
+      sizeof(float) * (2 * C::BM * C::LD + 2 * C::BN * C::LD + 2 * C::BM * C::LP + 2 * C::BN);
+  launch(attn_bwd_dkdv_f32_kernel<C, MINB>, blocks_for(s, p.tiles, "attention_backward"), C::kThreads, smem,
+         stream, p);
+}
+
+// Configurations <D, RM, RN, NW, KU> and resident blocks per SM, picked by
+// timing variants on an H100 at B 16, H 12, T 1024, D 64 (fused qkv); these
+// asking for more blocks spill registers. Also measured and not faster: 256
+// threads with RM = 4; RN = 2; and skipping the masked column groups of the
+// diagonal tile warp by warp (the block then waits at its barriers for the
+// warp whose rows see the whole tile).
+using Fwd64 = Cfg<64, 8, 4, 4, 4>;
+constexpr int kFwd64Blocks = 2;
+using Bwd64 = Cfg<64, 8, 4, 4, 2>;  // both passes, 2 blocks per SM
+using Fwd32 = Cfg<32, 8, 4, 4, 1>;
+constexpr int kFwd32Blocks = 3;
+using Bwd32 = Cfg<32, 8, 4, 4, 2>;
+
+}  // namespace
+
+bool attention_forward_f32_ok(const AttnForward& a) {
+  const AttnShape& s = a.shape;
+  if (a.dt != DType::F32 || !(s.D == 32 || s.D == 64) || !std::isfinite(a.scale)) return false;
+  return rows_aligned16(a.q, a.sq, s) && rows_aligned16(a.k, a.sk, s) && rows_aligned16(a.v, a.sv, s) &&
+         rows_aligned16(a.o, a.so, s);
+}
+
+bool attention_backward_f32_ok(const AttnBackward& a) {
+  const AttnShape& s = a.shape;
+  if (a.dt != DType::F32 || !(s.D == 32 || s.D == 64) || !std::isfinite(a.scale)) return false;
+  return rows_aligned16(a.q, a.sq, s) && rows_aligned16(a.k, a.sk, s) && rows_aligned16(a.v, a.sv, s) &&
+         rows_aligned16(a.o, a.so, s) && rows_aligned16(a.dout, a.sdo, s) && rows_aligned16(a.dq, a.sdq, s) &&
+         rows_aligned16(a.dk, a.sdk, s) && rows_aligned16(a.dv, a.sdv, s);
+}
+
+void attention_forward_f32(const AttnForward& a, cudaStream_t stream) {
+  switch (a.shape.D) {
+    case 32:
+      launch_fwd<Fwd32, kFwd32Blocks>(a, stream);
+      return;
+    case 64:
+      launch_fwd<Fwd64, kFwd64Blocks>(a, stream);
+      return;
+    default:
+      BT_ASSERT(false, "attention_forward_f32: unsupported D ", a.shape.D);
+  }
+}
+
+void attention_backward_f32(const AttnBackward& a, float* di, cudaStream_t stream) {
+  // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
+  switch (a.shape.D) {
+    case 32:
+      launch_dq<Bwd32, 2>(bwd_params(a, di), a.shape, stream);
+      launch_dkdv<Bwd32, 2>(bwd_params(a, di), a.shape, stream);
+      return;
+    case 64:
+      launch_dq<Bwd64, 2>(bwd_params(a, di), a.shape, stream);
+      launch_dkdv<Bwd64, 2>(bwd_params(a, di), a.shape, stream);
+      return;
+    default:
+      BT_ASSERT(false, "attention_backward_f32: unsupported D ", a.shape.D);
+  }
+}
+
+}  // namespace bt::kernels::cuda::detail
