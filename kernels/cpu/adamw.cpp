@@ -1,9 +1,10 @@
 // CPU fused AdamW step (fp32 state; F32, BF16 or F64 gradients; optional
 // F32 or BF16 copy of the updated params). Follows the formula in adamw.h
-// operation for operation, in float.
+// operation for operation, in float. Element ranges run in parallel.
 #include "kernels/adamw.h"
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -14,16 +15,19 @@ void adamw_impl(const AdamWArgs& a, const G* grad, C* copy) {
   float* m = a.m;
   float* v = a.v;
   const float b1 = a.beta1, b2 = a.beta2, one_b1 = 1.0f - a.beta1, one_b2 = 1.0f - a.beta2;
-  for (int64_t i = 0; i < a.n; ++i) {
-    const float g = static_cast<float>(detail::load(grad, i)) * a.grad_scale;
-    const float mi = b1 * m[i] + one_b1 * g;
-    const float vi = b2 * v[i] + one_b2 * (g * g);
-    m[i] = mi;
-    v[i] = vi;
-    const float pi = p[i] - a.lr * (mi / a.bias1 / (std::sqrt(vi / a.bias2) + a.eps) + a.weight_decay * p[i]);
-    p[i] = pi;
-    if constexpr (!std::is_void_v<C>) detail::store(copy, i, pi);
-  }
+  parallel_for(0, a.n, int64_t{1} << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float g = static_cast<float>(detail::load(grad, i)) * a.grad_scale;
+      const float mi = b1 * m[i] + one_b1 * g;
+      const float vi = b2 * v[i] + one_b2 * (g * g);
+      m[i] = mi;
+      v[i] = vi;
+      const float pi =
+          p[i] - a.lr * (mi / a.bias1 / (std::sqrt(vi / a.bias2) + a.eps) + a.weight_decay * p[i]);
+      p[i] = pi;
+      if constexpr (!std::is_void_v<C>) detail::store(copy, i, pi);
+    }
+  });
 }
 
 template <class G>

@@ -8,13 +8,16 @@
 //     NaN -> 0 (what CUDA's conversions do);
 //   * integer -> integer: two's-complement wrap (C++20 static_cast);
 //   * to bool: x != 0 (NaN is true); from bool: 0 or 1.
+// Element ranges run in parallel; each element's conversion is the serial one.
 #include "kernels/copy.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
 #include <limits>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -141,13 +144,27 @@ D convert(S s) {
   }
 }
 
+constexpr int64_t kGrain = int64_t{1} << 15;  // elements per chunk
+
 template <class S, class D>
 void strided_copy_impl(const S* src, const StridedLayout& l, int64_t n, D* dst) {
-  if (detail::is_contiguous(l)) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = convert<D>(src[i]);
-    return;
-  }
-  detail::for_each_strided(l, l, n, [&](int64_t i, int64_t off, int64_t) { dst[i] = convert<D>(src[off]); });
+  const bool contiguous = detail::is_contiguous(l);
+  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    if (contiguous) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = convert<D>(src[i]);
+      return;
+    }
+    detail::for_each_strided(l, l, lo, hi,
+                             [&](int64_t i, int64_t off, int64_t) { dst[i] = convert<D>(src[off]); });
+  });
+}
+
+void parallel_memcpy(void* dst, const void* src, size_t bytes) {
+  constexpr int64_t kBytes = int64_t{1} << 18;  // bytes per chunk
+  parallel_for(0, static_cast<int64_t>(bytes), kBytes, [&](int64_t lo, int64_t hi) {
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo,
+                static_cast<size_t>(hi - lo));
+  });
 }
 
 }  // namespace
@@ -157,7 +174,7 @@ void strided_copy(DType src_dt, const void* src, const StridedLayout& layout, DT
   if (n == 0) return;
   BT_CHECK(src != nullptr && dst != nullptr, "strided_copy: null buffer for ", n, " elements");
   if (src_dt == dst_dt && detail::is_contiguous(layout)) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_dt));
+    parallel_memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_dt));
     return;
   }
   dispatch_all(src_dt, "strided_copy", [&]<class S>(std::type_identity<S>) {
@@ -172,7 +189,7 @@ void fill(DType dt, void* dst, int64_t n, double value) {
   dispatch_all(dt, "fill", [&]<class D>(std::type_identity<D>) {
     const D v = convert<D>(value);
     D* out = static_cast<D*>(dst);
-    for (int64_t i = 0; i < n; ++i) out[i] = v;
+    parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) { std::fill(out + lo, out + hi, v); });
   });
 }
 
@@ -180,7 +197,9 @@ void arange(DType dt, void* dst, int64_t n, double start, double step) {
   detail::check_count("arange", "n", n);
   dispatch_all(dt, "arange", [&]<class D>(std::type_identity<D>) {
     D* out = static_cast<D*>(dst);
-    for (int64_t i = 0; i < n; ++i) out[i] = convert<D>(start + static_cast<double>(i) * step);
+    parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = convert<D>(start + static_cast<double>(i) * step);
+    });
   });
 }
 

@@ -7,9 +7,11 @@
 //   bf16     float    (rounded once, on store)
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/error.h"
@@ -89,12 +91,12 @@ inline bool is_contiguous(const StridedLayout& l) {
   return true;
 }
 
-/// Visits the elements of a's shape in row-major order, calling f(i, off_a, off_b)
-/// with the element offsets of element i in the views a and b (b must have a's
-/// shape). The innermost dimension runs as a plain loop.
+/// Visits the elements [lo, hi) of a's shape in row-major order, calling
+/// f(i, off_a, off_b) with the element offsets of element i in the views a and
+/// b (b must have a's shape). The innermost dimension runs as a plain loop.
 template <class F>
-void for_each_strided(const StridedLayout& a, const StridedLayout& b, int64_t numel, F&& f) {
-  if (numel == 0) return;
+void for_each_strided(const StridedLayout& a, const StridedLayout& b, int64_t lo, int64_t hi, F&& f) {
+  if (hi <= lo) return;
   const int nd = a.ndim;
   if (nd == 0) {
     f(int64_t{0}, int64_t{0}, int64_t{0});
@@ -103,8 +105,17 @@ void for_each_strided(const StridedLayout& a, const StridedLayout& b, int64_t nu
   const int64_t inner = a.shape[nd - 1], sa = a.strides[nd - 1], sb = b.strides[nd - 1];
   int64_t idx[kMaxDims] = {};
   int64_t off_a = 0, off_b = 0;
-  for (int64_t base = 0; base < numel; base += inner) {
-    for (int64_t j = 0; j < inner; ++j) f(base + j, off_a + j * sa, off_b + j * sb);
+  int64_t rest = lo / inner;  // the outer index of element lo, as an odometer
+  for (int d = nd - 2; d >= 0; --d) {
+    idx[d] = rest % a.shape[d];
+    rest /= a.shape[d];
+    off_a += idx[d] * a.strides[d];
+    off_b += idx[d] * b.strides[d];
+  }
+  int64_t j0 = lo % inner;
+  for (int64_t base = lo - j0; base < hi; base += inner, j0 = 0) {
+    const int64_t j1 = std::min(inner, hi - base);
+    for (int64_t j = j0; j < j1; ++j) f(base + j, off_a + j * sa, off_b + j * sb);
     for (int d = nd - 2; d >= 0; --d) {  // odometer over the outer dimensions
       off_a += a.strides[d];
       off_b += b.strides[d];
@@ -114,6 +125,33 @@ void for_each_strided(const StridedLayout& a, const StridedLayout& b, int64_t nu
       idx[d] = 0;
     }
   }
+}
+
+/// All numel elements of a's shape; see the range form above.
+template <class F>
+void for_each_strided(const StridedLayout& a, const StridedLayout& b, int64_t numel, F&& f) {
+  for_each_strided(a, b, int64_t{0}, numel, std::forward<F>(f));
+}
+
+/// True when no two elements of the view share an offset (sufficient test:
+/// sorted by stride, each dimension steps over everything the smaller ones span).
+inline bool is_non_overlapping(const StridedLayout& l) {
+  int64_t st[kMaxDims], sh[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < l.ndim; ++d) {
+    if (l.shape[d] == 0) return true;  // no elements
+    if (l.shape[d] == 1) continue;
+    if (l.strides[d] <= 0) return false;
+    st[n] = l.strides[d], sh[n] = l.shape[d], ++n;
+  }
+  for (int i = 1; i < n; ++i)  // insertion sort by stride
+    for (int k = i; k > 0 && st[k] < st[k - 1]; --k) std::swap(st[k], st[k - 1]), std::swap(sh[k], sh[k - 1]);
+  int64_t span = 0;  // largest offset reachable with the dimensions seen so far
+  for (int i = 0; i < n; ++i) {
+    if (st[i] <= span) return false;
+    span += (sh[i] - 1) * st[i];
+  }
+  return true;
 }
 
 // GELU, tanh approximation, in the compute type A (float or double).

@@ -1,7 +1,9 @@
-// CPU broadcasting binary ops and unary ops (F32, F64, BF16).
+// CPU broadcasting binary ops and unary ops (F32, F64, BF16). Element ranges
+// run in parallel; each element's math is the serial one.
 #include "kernels/elementwise.h"
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -26,24 +28,30 @@ inline A apply(BinaryOp op, A x, A y) {
   return x;
 }
 
+/// Elements per chunk: cheap ops take more of them than transcendental ones.
+constexpr int64_t kCheapGrain = int64_t{1} << 15, kCostlyGrain = int64_t{1} << 12;
+
 template <BinaryOp Op, class T>
 void binary_impl(const T* a, const StridedLayout& la, const T* b, const StridedLayout& lb, T* out,
                  int64_t n) {
   using A = acc_t<T>;
-  if (detail::is_contiguous(la) && detail::is_contiguous(lb)) {
-    for (int64_t i = 0; i < n; ++i) store(out, i, apply<A>(Op, load(a, i), load(b, i)));
-    return;
-  }
-  detail::for_each_strided(la, lb, n, [&](int64_t i, int64_t oa, int64_t ob) {
-    store(out, i, apply<A>(Op, load(a, oa), load(b, ob)));
+  const bool contiguous = detail::is_contiguous(la) && detail::is_contiguous(lb);
+  parallel_for(0, n, Op == BinaryOp::Pow ? kCostlyGrain : kCheapGrain, [&](int64_t lo, int64_t hi) {
+    if (contiguous) {
+      for (int64_t i = lo; i < hi; ++i) store(out, i, apply<A>(Op, load(a, i), load(b, i)));
+      return;
+    }
+    detail::for_each_strided(la, lb, lo, hi, [&](int64_t i, int64_t oa, int64_t ob) {
+      store(out, i, apply<A>(Op, load(a, oa), load(b, ob)));
+    });
   });
 }
 
 template <UnaryOp Op, class T>
-void unary_impl(const T* a, T* out, int64_t n, double scalar) {
+void unary_range(const T* a, T* out, int64_t lo, int64_t hi, double scalar) {
   using A = acc_t<T>;
   const A s = static_cast<A>(scalar);
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = lo; i < hi; ++i) {
     const A x = load(a, i);
     A y;
     if constexpr (Op == UnaryOp::Neg)
@@ -64,6 +72,13 @@ void unary_impl(const T* a, T* out, int64_t n, double scalar) {
       y = x * s;  // MulScalar
     store(out, i, y);
   }
+}
+
+template <UnaryOp Op, class T>
+void unary_impl(const T* a, T* out, int64_t n, double scalar) {
+  constexpr bool cheap = Op == UnaryOp::Neg || Op == UnaryOp::AddScalar || Op == UnaryOp::MulScalar;
+  parallel_for(0, n, cheap ? kCheapGrain : kCostlyGrain,
+               [&](int64_t lo, int64_t hi) { unary_range<Op>(a, out, lo, hi, scalar); });
 }
 
 }  // namespace

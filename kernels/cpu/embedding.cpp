@@ -1,11 +1,14 @@
 // CPU embedding lookup and its backward (F32, F64, BF16). The backward adds
 // rows in index order into a compute-type buffer and rounds once on store.
+// Both run in parallel over disjoint rows (of the output, resp. of the table).
 #include "kernels/embedding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -31,8 +34,11 @@ void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, co
   detail::dispatch_float(dt, "embedding_forward", [&]<class T>(std::type_identity<T>) {
     const T* tab = static_cast<const T*>(table);
     T* o = static_cast<T*>(out);
-    for (int64_t i = 0; i < n; ++i)
-      if (dim > 0) std::memcpy(o + i * dim, tab + idx[i] * dim, static_cast<size_t>(dim) * sizeof(T));
+    if (dim == 0) return;
+    parallel_for(0, n, grain_for(dim), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        std::memcpy(o + i * dim, tab + idx[i] * dim, static_cast<size_t>(dim) * sizeof(T));
+    });
   });
 }
 
@@ -43,12 +49,30 @@ void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t 
     using A = acc_t<T>;
     const T* d = static_cast<const T*>(dout);
     T* tab = static_cast<T*>(dtable);
-    std::vector<A> acc(static_cast<size_t>(num * dim), A(0));
-    for (int64_t i = 0; i < n; ++i) {
-      A* row = acc.data() + idx[i] * dim;
-      for (int64_t j = 0; j < dim; ++j) row[j] += load(d, i * dim + j);
-    }
-    for (int64_t e = 0; e < num * dim; ++e) store(tab, e, acc[e]);
+    if (dim == 0) return;
+    // Chunks of table rows; each scans all n indices and adds the ones that
+    // land in its rows, in index order, so every row sums as in a serial loop
+    // (whatever the chunks). A chunk zeroes >= 8n elements, so the scans cost
+    // little. F32/F64 accumulate in the output itself (A == T); BF16 in A.
+    const int64_t grain = grain_for(dim, std::max<int64_t>(8 * n, int64_t{1} << 16));
+    parallel_for(0, num, grain, [&](int64_t lo, int64_t hi) {
+      std::vector<A> acc;
+      A* base;
+      if constexpr (std::is_same_v<A, T>) {
+        base = tab + lo * dim;
+      } else {
+        acc.resize(static_cast<size_t>((hi - lo) * dim));
+        base = acc.data();
+      }
+      std::fill(base, base + (hi - lo) * dim, A(0));
+      for (int64_t i = 0; i < n; ++i) {
+        if (idx[i] < lo || idx[i] >= hi) continue;
+        A* row = base + (idx[i] - lo) * dim;
+        for (int64_t j = 0; j < dim; ++j) row[j] += load(d, i * dim + j);
+      }
+      if constexpr (!std::is_same_v<A, T>)
+        for (int64_t e = 0; e < (hi - lo) * dim; ++e) store(tab, lo * dim + e, acc[e]);
+    });
   });
 }
 

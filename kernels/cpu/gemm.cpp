@@ -1,18 +1,59 @@
 // CPU GEMM on OpenBLAS (row-major), batched by looping over the batch.
 // F32 -> sgemm, F64 -> dgemm, BF16 -> float copies of A, B (and C when beta != 0),
-// sgemm into a float C, epilogue in float, one rounding on store.
+// sgemm into a float C, epilogue in float, one rounding on store. The
+// epilogue and the bf16 copies run on the kernels' pool (parallel.h).
+//
+// OpenBLAS and the pool. GEMM keeps OpenBLAS's own threads: its partitioning
+// of one GEMM is faster than splitting it into separate calls here. But an
+// OpenBLAS (pthreads build) worker busy-waits, calling sched_yield, for 2^28
+// TSC ticks (~0.1 s) after every GEMM before it sleeps, and the kernels that
+// run between GEMMs now use every core, so the spinning workers took CPU from
+// them (on 2 cores: ~1400 vs ~1600 tokens/s for the tiny GPT-2).
+// openblas_set_num_threads() does not stop a spinning worker; the spin time
+// comes from OPENBLAS_THREAD_TIMEOUT (2^value ticks), which OpenBLAS reads when
+// it starts its workers, at load time. So at program start, unless the user
+// set that variable, shorten_openblas_spin() sets it to kSpinLog2 for
+// OpenBLAS to re-read, stops OpenBLAS's workers (the next GEMM starts them
+// again, now with the short spin) and removes the variable again, so child
+// processes do not inherit it. The OpenBLAS entry points it needs are weak:
+// with a BLAS that lacks them it does nothing.
 #include "kernels/gemm.h"
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <vector>
 
 #include <cblas.h>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
+
+extern "C" {
+void openblas_read_env(void) __attribute__((weak));
+int blas_thread_shutdown_(void) __attribute__((weak));
+}
 
 namespace bt::kernels::cpu {
 namespace {
+
+constexpr const char* kSpinEnv = "OPENBLAS_THREAD_TIMEOUT";
+constexpr const char* kSpinLog2 = "16";  // 2^16 TSC ticks: ~25 us at 2.5 GHz
+
+/// See "OpenBLAS and the pool" above. Runs during static initialization, while
+/// the process has no thread that could read the environment concurrently.
+bool shorten_openblas_spin() {
+  if (openblas_read_env == nullptr || blas_thread_shutdown_ == nullptr) return false;
+  if (openblas_get_parallel() != 1 || std::getenv(kSpinEnv) != nullptr) return false;  // 1: pthreads
+  if (setenv(kSpinEnv, kSpinLog2, 0) != 0) return false;
+  openblas_read_env();
+  unsetenv(kSpinEnv);
+  blas_thread_shutdown_();
+  return true;
+}
+
+[[maybe_unused]] const bool g_openblas_spin_shortened = shorten_openblas_spin();
+
 using detail::acc_t;
 using detail::load;
 using detail::store;
@@ -52,24 +93,28 @@ void epilogue(const GemmArgs& g, const A* src, int64_t lds, T* dst, T* pre) {
   const T* bias = static_cast<const T*>(g.bias);
   const bool add_bias = g.epilogue == Epilogue::Bias || g.epilogue == Epilogue::BiasGelu;
   const bool gelu = g.epilogue == Epilogue::Gelu || g.epilogue == Epilogue::BiasGelu;
-  for (int64_t r = 0; r < g.m; ++r) {
-    for (int64_t j = 0; j < g.n; ++j) {
-      A v = src[r * lds + j];
-      if (add_bias) v += load(bias, j);
-      if (gelu) {
-        if (pre) store(pre, r * g.ldc + j, v);
-        v = detail::gelu_tanh(v);
+  parallel_for(0, g.m, grain_for(gelu ? 8 * g.n : g.n), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        A v = src[r * lds + j];
+        if (add_bias) v += load(bias, j);
+        if (gelu) {
+          if (pre) store(pre, r * g.ldc + j, v);
+          v = detail::gelu_tanh(v);
+        }
+        store(dst, r * g.ldc + j, v);
       }
-      store(dst, r * g.ldc + j, v);
     }
-  }
+  });
 }
 
 /// Copies the rows x cols matrix x (leading dim ld) to a packed float buffer.
 void to_float(const bf16* x, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& out) {
   out.resize(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = load(x, r * ld + j);
+  parallel_for(0, rows, grain_for(cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = load(x, r * ld + j);
+  });
 }
 
 template <class T>

@@ -1,10 +1,12 @@
 // CPU Philox fills. Element i is philox::{uniform,normal}_at(seed, offset + i),
 // a float, stored as is (F32), widened exactly (F64) or rounded once (BF16, F16);
-// so the values match the CUDA kernels bit for bit.
+// so the values match the CUDA kernels bit for bit. Element i depends only on
+// (seed, offset + i), so element ranges run in parallel with the same bits.
 #include "kernels/random.h"
 
 #include "kernels/common/philox.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -15,15 +17,17 @@ void fill_with(const char* kernel, DType dt, void* dst, int64_t n, uint64_t offs
   if (n > 0) BT_CHECK(dst != nullptr, kernel, ": null output for ", n, " elements");
   auto run = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = gen(offset + static_cast<uint64_t>(i));  // uint64 wraps, like CUDA
-      if constexpr (std::is_same_v<T, float>)
-        out[i] = v;
-      else if constexpr (std::is_same_v<T, double>)
-        out[i] = static_cast<double>(v);
-      else
-        out[i] = T(v);  // bf16 / f16: round to nearest even
-    }
+    parallel_for(0, n, int64_t{1} << 12, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float v = gen(offset + static_cast<uint64_t>(i));  // uint64 wraps, like CUDA
+        if constexpr (std::is_same_v<T, float>)
+          out[i] = v;
+        else if constexpr (std::is_same_v<T, double>)
+          out[i] = static_cast<double>(v);
+        else
+          out[i] = T(v);  // bf16 / f16: round to nearest even
+      }
+    });
   };
   switch (dt) {
     case DType::F32:

@@ -1,10 +1,12 @@
-// CPU reductions over the middle dimension of [outer, dim, inner].
+// CPU reductions over the middle dimension of [outer, dim, inner]. Outputs
+// (rows, or blocks of inner) run in parallel; each sums in the serial order.
 #include "kernels/reduce.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -35,49 +37,57 @@ template <class T>
 void reduce_impl(ReduceOp op, const T* in, T* out, int64_t outer, int64_t dim, int64_t inner,
                  int64_t* argmax) {
   using A = acc_t<T>;
-  if (inner == 1) {
-    for (int64_t o = 0; o < outer; ++o) {
-      const T* row = in + o * dim;
-      if (op == ReduceOp::Max) {
-        A best = load(row, 0);
-        int64_t bi = 0;
-        for (int64_t d = 1; d < dim; ++d) {
-          const A v = load(row, d);
-          if (better(v, best)) best = v, bi = d;
+  if (inner == 1) {  // rows in parallel
+    parallel_for(0, outer, grain_for(dim), [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o) {
+        const T* row = in + o * dim;
+        if (op == ReduceOp::Max) {
+          A best = load(row, 0);
+          int64_t bi = 0;
+          for (int64_t d = 1; d < dim; ++d) {
+            const A v = load(row, d);
+            if (better(v, best)) best = v, bi = d;
+          }
+          store(out, o, best);
+          if (argmax) argmax[o] = bi;
+        } else {
+          A s = sum_row(row, dim);
+          if (op == ReduceOp::Mean) s /= static_cast<A>(dim);
+          store(out, o, s);
         }
-        store(out, o, best);
-        if (argmax) argmax[o] = bi;
-      } else {
-        A s = sum_row(row, dim);
-        if (op == ReduceOp::Mean) s /= static_cast<A>(dim);
-        store(out, o, s);
       }
-    }
+    });
     return;
   }
-  // inner > 1: walk the dim rows in order, accumulating a vector of `inner`.
-  std::vector<A> acc(static_cast<size_t>(inner));
-  std::vector<int64_t> idx(op == ReduceOp::Max ? static_cast<size_t>(inner) : 0);
-  for (int64_t o = 0; o < outer; ++o) {
-    const T* base = in + o * dim * inner;
-    for (int64_t i = 0; i < inner; ++i) acc[i] = op == ReduceOp::Max ? load(base, i) : A(0);
-    if (op == ReduceOp::Max) {
-      std::fill(idx.begin(), idx.end(), 0);
-      for (int64_t d = 1; d < dim; ++d)
-        for (int64_t i = 0; i < inner; ++i) {
-          const A v = load(base, d * inner + i);
-          if (better(v, acc[i])) acc[i] = v, idx[i] = d;
-        }
-    } else {
-      for (int64_t d = 0; d < dim; ++d)
-        for (int64_t i = 0; i < inner; ++i) acc[i] += load(base, d * inner + i);
-      if (op == ReduceOp::Mean)
-        for (int64_t i = 0; i < inner; ++i) acc[i] /= static_cast<A>(dim);
+  // inner > 1: walk the dim rows in order, accumulating a vector of (a block
+  // of) `inner`; the (outer, inner block) tasks run in parallel.
+  constexpr int64_t kBlock = 256;
+  const int64_t nblocks = (inner + kBlock - 1) / kBlock;
+  parallel_for(0, outer * nblocks, grain_for(dim * std::min(inner, kBlock)), [&](int64_t lo, int64_t hi) {
+    std::vector<A> acc(static_cast<size_t>(kBlock));
+    std::vector<int64_t> idx(op == ReduceOp::Max ? static_cast<size_t>(kBlock) : 0);
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t o = task / nblocks, i0 = task % nblocks * kBlock, m = std::min(kBlock, inner - i0);
+      const T* base = in + o * dim * inner + i0;
+      for (int64_t i = 0; i < m; ++i) acc[i] = op == ReduceOp::Max ? load(base, i) : A(0);
+      if (op == ReduceOp::Max) {
+        std::fill(idx.begin(), idx.end(), 0);
+        for (int64_t d = 1; d < dim; ++d)
+          for (int64_t i = 0; i < m; ++i) {
+            const A v = load(base, d * inner + i);
+            if (better(v, acc[i])) acc[i] = v, idx[i] = d;
+          }
+      } else {
+        for (int64_t d = 0; d < dim; ++d)
+          for (int64_t i = 0; i < m; ++i) acc[i] += load(base, d * inner + i);
+        if (op == ReduceOp::Mean)
+          for (int64_t i = 0; i < m; ++i) acc[i] /= static_cast<A>(dim);
+      }
+      for (int64_t i = 0; i < m; ++i) store(out, o * inner + i0 + i, acc[i]);
+      if (argmax && op == ReduceOp::Max)
+        for (int64_t i = 0; i < m; ++i) argmax[o * inner + i0 + i] = idx[i];
     }
-    for (int64_t i = 0; i < inner; ++i) store(out, o * inner + i, acc[i]);
-    if (argmax && op == ReduceOp::Max)
-      for (int64_t i = 0; i < inner; ++i) argmax[o * inner + i] = idx[i];
-  }
+  });
 }
 
 }  // namespace

@@ -1,28 +1,63 @@
+// CPU scatters into strided destinations (every dtype). Element ranges (rows
+// for argmax_scatter) run in parallel when no two elements share a
+// destination; a destination with repeated offsets is written serially, in
+// element order, so the last write wins as before.
 #include "kernels/scatter.h"
 
 #include <cstring>
 
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/parallel.h"
+
 namespace bt::kernels::cpu {
+namespace {
+
+/// Copies element i of the contiguous src to offset_of(i) of dst for i in [lo, hi).
+template <class E>
+void scatter_range(const E* src, E* dst, const StridedLayout& l, int64_t lo, int64_t hi) {
+  detail::for_each_strided(l, l, lo, hi, [&](int64_t i, int64_t off, int64_t) { dst[off] = src[i]; });
+}
+
+template <class E>
+void scatter_as(const void* src, void* dst, const StridedLayout& l, int64_t n) {
+  const E* s = static_cast<const E*>(src);
+  E* o = static_cast<E*>(dst);
+  if (!detail::is_non_overlapping(l)) return scatter_range(s, o, l, 0, n);
+  parallel_for(0, n, int64_t{1} << 15, [&](int64_t lo, int64_t hi) { scatter_range(s, o, l, lo, hi); });
+}
+
+}  // namespace
 
 void strided_scatter(DType dt, const void* src, void* dst, const StridedLayout& layout) {
-  const size_t es = dtype_size(dt);
-  int64_t n = 1;
-  for (int d = 0; d < layout.ndim; ++d) n *= layout.shape[d];
-  const char* s = static_cast<const char*>(src);
-  char* o = static_cast<char*>(dst);
-  for (int64_t i = 0; i < n; ++i) std::memcpy(o + layout.offset_of(i) * es, s + i * es, es);
+  const int64_t n = detail::checked_numel("strided_scatter", layout);
+  if (n == 0) return;
+  switch (dtype_size(dt)) {
+    case 1:
+      return scatter_as<uint8_t>(src, dst, layout, n);
+    case 2:
+      return scatter_as<uint16_t>(src, dst, layout, n);
+    case 4:
+      return scatter_as<uint32_t>(src, dst, layout, n);
+    case 8:
+      return scatter_as<uint64_t>(src, dst, layout, n);
+    default:
+      BT_FAIL("strided_scatter: unsupported element size ", dtype_size(dt), " of dtype ", dt);
+  }
 }
 
 namespace {
 template <typename T>
 void argmax_scatter_t(const T* dy, const int64_t* am, T* dx, int64_t outer, int64_t dim, int64_t inner) {
-  std::memset(static_cast<void*>(dx), 0, sizeof(T) * outer * dim * inner);
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < inner; ++i) {
-      const int64_t j = am[o * inner + i];
-      BT_ASSERT(j >= 0 && j < dim);
-      dx[(o * dim + j) * inner + i] = dy[o * inner + i];
-    }
+  // Slice o of dx ([dim, inner]) depends only on slice o of dy and argmax.
+  parallel_for(0, outer, grain_for(dim * inner), [&](int64_t lo, int64_t hi) {
+    std::memset(static_cast<void*>(dx + lo * dim * inner), 0, sizeof(T) * (hi - lo) * dim * inner);
+    for (int64_t o = lo; o < hi; ++o)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t j = am[o * inner + i];
+        BT_ASSERT(j >= 0 && j < dim);
+        dx[(o * dim + j) * inner + i] = dy[o * inner + i];
+      }
+  });
 }
 }  // namespace
 
