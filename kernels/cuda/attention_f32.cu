@@ -662,7 +662,7 @@ void launch_dkdv(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
 // warp whose rows see the whole tile).
 using Fwd64 = Cfg<64, 8, 4, 4, 4>;
 constexpr int kFwd64Blocks = 2;
-using Bwd64 = Cfg<64, 8, 4, 4, 2>;  // both passes, 2 blocks per SM
+using Bwd64 = Cfg<64, 8, 4, 4, 4>;  // both passes, 2 blocks per SM
 using Fwd32 = Cfg<32, 8, 4, 4, 1>;
 constexpr int kFwd32Blocks = 3;
 using Bwd32 = Cfg<32, 8, 4, 4, 2>;
