@@ -205,7 +205,8 @@ def main():
     max_gn, at_gn = worst(gn_rel)
     max_lr, _ = worst(lr_rel)
     summary = [f"- loss: max relative difference {fmt(max_loss)} at step {at_loss}, mean "
-               f"{fmt(float(np.mean(loss_rel)) if n else float('nan'))} (tolerance {args.tol:g})",
+               f"{fmt(float(np.mean(loss_rel)) if n else float('nan'))} "
+               + (f"(tolerance {args.tol:g})" if args.final_tol is None else "(no per-step tolerance: --final-tol)"),
                f"- grad norm: max relative difference {fmt(max_gn)} at step {at_gn}",
                f"- lr: max relative difference {fmt(max_lr)}"]
     if max_lr > 1e-12:

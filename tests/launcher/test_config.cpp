@@ -55,7 +55,7 @@ TEST_F(ConfigTest, ResolvedJsonHasEveryKeyAndTheDerivedOnes) {
   const auto j = nlohmann::json::parse(config_to_json(c));
   EXPECT_EQ(j["model"]["padded_vocab"], 50304);
   EXPECT_EQ(j["train"]["grad_accum"], 4);
-  EXPECT_EQ(j["train"]["lr"], 6e-4);
+  EXPECT_EQ(j["train"]["lr"], 2e-3);
   EXPECT_EQ(j["data"]["shuffle"], true);
   EXPECT_EQ(j["model"]["preset"], "tiny");
 }

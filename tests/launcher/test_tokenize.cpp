@@ -148,6 +148,49 @@ TEST_F(TokenizeCmd, OneDocumentKeepsItsTailForVal) {
   EXPECT_EQ(read_split(prefix, "val"), cat({Tokens{t[0]}, Tokens(t.end() - v, t.end())}));
 }
 
+// scripts/prepare-jargon (the quick start's data step): the layout goes --
+// table art, indentation, wrapped lines, blank lines -- and the shards hold
+// exactly the tokens of what is left.
+TEST_F(TokenizeCmd, PrepareJargonScriptJoinsParagraphs) {
+  NEED_TOKENIZER();
+  const std::string data = tmp_.file("data");
+  fs::create_directories(data + "/jargon");
+  fs::create_directory_symlink(fs::absolute(tokenizer_dir()), data + "/tokenizer");
+  std::ofstream(data + "/jargon/jargon.txt", std::ios::binary)
+      << "                         The Jargon File\n"
+         "   \u250c\u2500\u2500\u2500\u252c\u2500\u2500\u2500\u2510\n"
+         "   \u2502 a \u2502 b \u2502\n"
+         "   \u2514\u2500\u2500\u2500\u2534\u2500\u2500\u2500\u2518\n"
+         "\n"
+         "   :goat file:\n"
+         "   \n"
+         "   A sacrificial file used to test a computer virus, i.e. a dummy executable\n"
+         "   that carries   a sample. \n"
+         "\n\n";
+  const std::string cmd = "DATA_DIR=" + quoted(data) + " " +
+                          quoted(std::string(BT_SOURCE_DIR) + "/scripts/prepare-jargon") + " " +
+                          quoted(BT_BLUTRAIN_EXE) + " >" + quoted(tmp_.file("prep.log")) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(tmp_.file("prep.log"));
+
+  const std::string prose = read_all(data + "/jargon/prose.txt");
+  EXPECT_EQ(
+      prose,
+      "The Jargon File\n:goat file:\n"
+      "A sacrificial file used to test a computer virus, i.e. a dummy executable that carries a sample.\n");
+  const Tokens t = doc_tokens(tok(), data + "/jargon/prose.txt");
+  const std::string prefix = data + "/jargon/tok/prose";
+  Tokens train = read_split(prefix, "train"), val = read_split(prefix, "val");
+  ASSERT_FALSE(val.empty());
+  EXPECT_EQ(val[0], t[0]) << "the validation shard starts with EOT";
+  train.insert(train.end(), val.begin() + 1, val.end());
+  EXPECT_EQ(train, t);
+
+  // A second run leaves the fresh shards alone.
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(tmp_.file("prep.log"));
+  EXPECT_NE(read_all(tmp_.file("prep.log")).find("up to date"), std::string::npos)
+      << read_all(tmp_.file("prep.log"));
+}
+
 TEST_F(TokenizeCmd, ShardsRollOverAndStaleOnesGo) {
   NEED_TOKENIZER();
   const std::string a = write_doc("a.txt", 700, 5), b = write_doc("b.txt", 500, 6);
