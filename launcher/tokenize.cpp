@@ -61,8 +61,8 @@ T parse_number(const std::string& s, const char* option, const char* want) {
   std::istringstream is(s);
   T v{};
   is >> v;
-  BT_CHECK(is && is.peek() == std::char_traits<char>::eof(), "tokenize: ", option, " must be ", want,
-           ", got '", s, "'");
+  BT_CHECK(is && is.peek() == std::char_traits<char>::eof(), "", option, " must be ", want, ", got '", s,
+           "'");
   return v;
 }
 
@@ -92,21 +92,21 @@ Options parse(int argc, char** argv) {
     std::exit(0);
   }
   Options o;
-  BT_CHECK(r.count("inputs"), "tokenize: give at least one input text file (see blutrain tokenize --help)");
-  BT_CHECK(r.count("output"), "tokenize: give the output prefix with -o PREFIX, e.g. -o data/shards/jargon");
+  BT_CHECK(r.count("inputs"), "give at least one input text file (see blutrain tokenize --help)");
+  BT_CHECK(r.count("output"), "give the output prefix with -o PREFIX, e.g. -o data/shards/jargon");
   o.inputs = r["inputs"].as<std::vector<std::string>>();
   o.prefix = r["output"].as<std::string>();
   o.tokenizer = r["tokenizer"].as<std::string>();
   o.val_fraction =
       parse_number<double>(r["val-fraction"].as<std::string>(), "--val-fraction", "a number in [0, 1)");
-  BT_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "tokenize: --val-fraction must be in [0, 1), got ",
+  BT_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction must be in [0, 1), got ",
            o.val_fraction);
   o.shard_tokens = parse_number<int64_t>(r["shard-tokens"].as<std::string>(), "--shard-tokens", "an integer");
   BT_CHECK(o.shard_tokens > 0 && o.shard_tokens <= std::numeric_limits<int32_t>::max(),
-           "tokenize: --shard-tokens must be in [1, 2^31 - 1] (the shard header holds an int32 count), got ",
+           "--shard-tokens must be in [1, 2^31 - 1] (the shard header holds an int32 count), got ",
            o.shard_tokens);
   const int threads = parse_number<int>(r["threads"].as<std::string>(), "--threads", "an integer");
-  BT_CHECK(threads >= 0, "tokenize: --threads must be >= 0 (0: all cores), got ", threads);
+  BT_CHECK(threads >= 0, "--threads must be >= 0 (0: all cores), got ", threads);
   o.threads = threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return o;
 }
@@ -122,19 +122,19 @@ std::string shard_path(const std::string& prefix, const char* split, int index) 
 // Creates PREFIX's folder and checks that a file can be written there.
 void prepare_output(const std::string& prefix) {
   const fs::path p(prefix);
-  BT_CHECK(!p.filename().empty() && p.filename() != "." && p.filename() != "..", "tokenize: -o '", prefix,
+  BT_CHECK(!p.filename().empty() && p.filename() != "." && p.filename() != "..", "-o '", prefix,
            "' must end with a file name prefix, e.g. -o ", (p / "shards").lexically_normal().string());
   const fs::path dir = p.parent_path();
   if (!dir.empty()) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    BT_CHECK(!ec && fs::is_directory(dir), "tokenize: cannot create the output folder '", dir.string(), "' (",
+    BT_CHECK(!ec && fs::is_directory(dir), "cannot create the output folder '", dir.string(), "' (",
              ec ? ec.message() : "not a folder", "); pass -o with a prefix in a writable folder");
   }
   const std::string probe = prefix + "_probe.tmp";
   {
     std::ofstream f(probe, std::ios::binary);
-    BT_CHECK(f, "tokenize: cannot write in the output folder of '", prefix,
+    BT_CHECK(f, "cannot write in the output folder of '", prefix,
              "'; pass -o with a prefix in a writable folder");
   }
   std::error_code ec;
@@ -238,10 +238,10 @@ class Progress {
 
 std::string read_input(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  BT_CHECK(f, "tokenize: cannot read input '", path, "'; check that it exists and is readable");
+  BT_CHECK(f, "cannot read input '", path, "'; check that it exists and is readable");
   std::ostringstream ss;
   ss << f.rdbuf();
-  BT_CHECK(!f.bad(), "tokenize: error while reading input '", path, "'");
+  BT_CHECK(!f.bad(), "error while reading input '", path, "'");
   return ss.str();
 }
 
@@ -325,10 +325,10 @@ int run_tokenize(int argc, char** argv) {
   for (const std::string& path : o.inputs) {
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
-    BT_CHECK(fs::exists(st), "tokenize: input '", path, "' does not exist");
-    BT_CHECK(!fs::is_directory(st), "tokenize: input '", path, "' is a folder; pass the files in it (e.g. ",
-             path, "/*.txt)");
-    BT_CHECK(std::ifstream(path, std::ios::binary).good(), "tokenize: cannot read input '", path,
+    BT_CHECK(fs::exists(st), "input '", path, "' does not exist");
+    BT_CHECK(!fs::is_directory(st), "input '", path, "' is a folder; pass the files in it (e.g. ", path,
+             "/*.txt)");
+    BT_CHECK(std::ifstream(path, std::ios::binary).good(), "cannot read input '", path,
              "'; check its permissions");
     const uint64_t size = fs::is_regular_file(st) ? fs::file_size(path, ec) : 0;
     docs.push_back({path, ec ? 0 : size, {}});
@@ -336,7 +336,7 @@ int run_tokenize(int argc, char** argv) {
   }
   prepare_output(o.prefix);
   const Gpt2Tokenizer tok = Gpt2Tokenizer::load(o.tokenizer);
-  BT_CHECK(tok.vocab_size() <= 65536, "tokenize: the tokenizer in '", o.tokenizer, "' has ", tok.vocab_size(),
+  BT_CHECK(tok.vocab_size() <= 65536, "the tokenizer in '", o.tokenizer, "' has ", tok.vocab_size(),
            " tokens, but shards store uint16 ids (at most 65536 tokens)");
 
   Progress progress(total_bytes);
@@ -361,7 +361,7 @@ int run_tokenize(int argc, char** argv) {
     split_note = bt::cat("val = the last ", k, k == 1 ? " document" : " documents");
   } else if (o.val_fraction > 0) {
     const auto n = static_cast<int64_t>(docs[0].tokens.size());
-    BT_CHECK(n >= 2, "tokenize: '", docs[0].path, "' has ", n,
+    BT_CHECK(n >= 2, "'", docs[0].path, "' has ", n,
              " token(s), too few to split off a validation part; pass --val-fraction 0");
     tail = std::clamp<int64_t>(std::llround(o.val_fraction * static_cast<double>(n)), 1, n - 1);
     split_note = bt::cat("val = the last ", tail, tail == 1 ? " token" : " tokens", " of the document");

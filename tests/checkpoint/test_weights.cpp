@@ -18,6 +18,7 @@
 #include "checkpoint/h5_check.h"
 #include "checkpoint/weights.h"
 #include "runtime/tensor/factory.h"
+#include "tests/support/fetched_data.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -26,10 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 using Named = std::vector<std::pair<std::string, Tensor>>;
 
-bool require_tools() {
-  const char* v = std::getenv("BT_REQUIRE_DATA");
-  return v && std::string(v) == "1";
-}
+bool require_tools() { return test::data_required(); }
 
 /// Runs a shell command; returns its exit status and fills `out` with stdout.
 int run(const std::string& cmd, std::string& out) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "tests/support/fetched_data.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -36,11 +37,9 @@ std::string run(const std::string& cmd, int* status) {
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
 
 TEST(FidelityGolden, TinyOnCpuMatchesPyTorchLosses) {
-  const std::string text = kSrc + "/data/jargon/jargon.txt", tok = kSrc + "/data/tokenizer";
-  if (!std::filesystem::exists(text) || !std::filesystem::exists(tok + "/encoder.json")) {
-    if (std::getenv("BT_REQUIRE_DATA")) FAIL() << "missing data; run scripts/fetch-data tokenizer jargon";
-    GTEST_SKIP() << "needs scripts/fetch-data tokenizer jargon";
-  }
+  const std::string text = test::data_dir() + "/jargon/jargon.txt", tok = test::data_dir() + "/tokenizer";
+  BT_NEED_FETCHED(text, "jargon");
+  BT_NEED_FETCHED(tok + "/encoder.json", "tokenizer");
   ASSERT_TRUE(std::filesystem::exists(kGolden + ".json"))
       << "no golden values; produce them on the GPU machine with scripts/gpu-fidelity BUILD golden";
   const nlohmann::json golden = read_json(kGolden + ".json");

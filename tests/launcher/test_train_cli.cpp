@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "tests/support/fetched_data.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
 
@@ -120,11 +121,8 @@ TEST_F(TrainCli, BadInputEndsInAClearError) {
 }
 
 TEST_F(TrainCli, SampleFromSavedWeights) {
-  const std::string tok = std::string(BT_SOURCE_DIR) + "/data/tokenizer";
-  if (!std::filesystem::exists(tok + "/encoder.json")) {
-    if (std::getenv("BT_REQUIRE_DATA")) FAIL() << "missing " << tok << "; run scripts/fetch-data tokenizer";
-    GTEST_SKIP() << "no tokenizer at " << tok << " (scripts/fetch-data tokenizer)";
-  }
+  const std::string tok = test::data_dir() + "/tokenizer";
+  BT_NEED_FETCHED(tok + "/encoder.json", "tokenizer");
   ASSERT_EQ(run(base_ + " --set train.steps=2 --save-weights " + dir_.file("w.h5")).status, 0);
   const Result r =
       run("sample --weights " + dir_.file("w.h5") + " --tokenizer " + tok + " --tokens 20 --prompt '!'");
