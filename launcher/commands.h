@@ -12,5 +12,6 @@ int run_tokenize(int argc, char** argv);
 int run_train(int argc, char** argv);
 int run_sample(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_launch(int argc, char** argv);
 
 }  // namespace bt::launcher

@@ -66,6 +66,9 @@ const std::vector<Key>& keys() {
       BT_KEY("train.sample_temperature", train.sample_temperature, "sampling temperature"),
       BT_KEY("train.sample_top_k", train.sample_top_k, "sample from the k likeliest tokens (0: all)"),
       BT_KEY("train.save_weights", train.save_weights, "HDF5 weights file written at the end"),
+      BT_KEY("dist.strategy", dist.strategy, "ddp | zero1 | zero2 | zero3 (jobs of several ranks)"),
+      BT_KEY("dist.bucket_mb", dist.bucket_mb, "DDP gradient bucket size in MiB"),
+      BT_KEY("dist.timeout_s", dist.timeout_s, "seconds before a stuck collective aborts the job"),
   };
   return k;
 }
@@ -143,11 +146,11 @@ void assign(TrainConfig& c, const Key& k, const YAML::Node& n, const std::string
 std::vector<std::pair<std::string, YAML::Node>> flatten(const YAML::Node& root, const std::string& where) {
   std::vector<std::pair<std::string, YAML::Node>> out;
   if (!root || root.IsNull()) return out;
-  BT_CHECK(root.IsMap(), where, " must be a YAML mapping of sections (model:, data:, train:)");
+  BT_CHECK(root.IsMap(), where, " must be a YAML mapping of sections (model:, data:, train:, dist:)");
   for (const auto& sec : root) {
     const std::string s = sec.first.as<std::string>();
-    BT_CHECK(s == "model" || s == "data" || s == "train", "unknown config section '", s, "' in ", where,
-             "; the sections are model, data and train");
+    BT_CHECK(s == "model" || s == "data" || s == "train" || s == "dist", "unknown config section '", s,
+             "' in ", where, "; the sections are model, data, train and dist");
     if (sec.second.IsNull()) continue;
     BT_CHECK(sec.second.IsMap(), "config section '", s, "' in ", where, " must be a mapping of keys");
     for (const auto& kv : sec.second) out.emplace_back(s + "." + kv.first.as<std::string>(), kv.second);

@@ -6,6 +6,7 @@
 
 #include "kernels/common/error.h"
 #include "launcher/commands.h"
+#include "runtime/dist/world.h"
 
 namespace {
 
@@ -17,11 +18,12 @@ void usage() {
       "  sample    sample text from a weights file written by train\n"
       "  tokenize  GPT-2-tokenize text files into llm.c token shards (PREFIX_{val,train}_*.bin)\n"
       "  bench     training throughput and memory vs the PyTorch reference, side by side\n"
+      "  launch    start N ranks of a command through mpirun (launch --nproc N -- train ...)\n"
       "  demo      train a small character-level GPT on a text file and print a sample\n"
       "  info      show the build (CUDA, MPI, MLIR) and the devices found\n"
       "  version   print the version\n\n"
       "Run `blutrain <command> --help` for a command's options.\n"
-      "(launch, ckpt, slurm and k8s arrive with later milestones)\n");
+      "(ckpt, slurm and k8s arrive with later milestones)\n");
 }
 
 }  // namespace
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
     if (cmd == "sample") return bt::launcher::run_sample(argc - 1, argv + 1);
     if (cmd == "tokenize") return bt::launcher::run_tokenize(argc - 1, argv + 1);
     if (cmd == "bench") return bt::launcher::run_bench(argc - 1, argv + 1);
+    if (cmd == "launch") return bt::launcher::run_launch(argc - 1, argv + 1);
     if (cmd == "demo") return bt::launcher::run_demo(argc - 1, argv + 1);
     if (cmd == "info") return bt::launcher::run_info(argc - 1, argv + 1);
     if (cmd == "version" || cmd == "--version") {
@@ -46,10 +49,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "blutrain: unknown command '%s'\n\n", cmd.c_str());
     usage();
     return 2;
-  } catch (const bt::Error& e) {
-    std::fprintf(stderr, "blutrain %s: error: %s\n", cmd.c_str(), e.what());
-    return 1;
   } catch (const std::exception& e) {
+    const bt::dist::World& w = bt::dist::world();
+    if (w.distributed()) {
+      // Other ranks may be waiting on this one: end the whole job.
+      std::fprintf(stderr, "blutrain %s: error on rank %d of %d: %s\n", cmd.c_str(), w.rank, w.size,
+                   e.what());
+      bt::dist::abort_world(1);
+    }
     std::fprintf(stderr, "blutrain %s: error: %s\n", cmd.c_str(), e.what());
     return 1;
   }

@@ -131,6 +131,8 @@ void MetricsWriter::write(const train::StepStats& s, std::optional<double> val_l
   j["tokens_per_s"] = s.tokens_per_s;
   j["peak_mem_bytes"] = s.peak_mem_bytes;
   j["step_seconds"] = s.seconds;
+  j["optimizer_state_bytes"] = s.optimizer_state_bytes;
+  j["gradient_bytes"] = s.gradient_bytes;
   if (val_loss) j["val_loss"] = *val_loss;
   const std::string line = j.dump() + "\n";
   BT_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "cannot write the metrics file '",

@@ -1,9 +1,12 @@
 // `blutrain train`: trains a GPT from a YAML config (or the embedded `tiny`
 // default) with live progress, periodic validation, a metrics JSONL file, a
-// final sample and a summary.
+// final sample and a summary. Under mpirun (or `blutrain launch`) every rank
+// runs this; rank 0 prints and writes the files, the others print only errors
+// and a closing line on stderr.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 
 #include <cxxopts.hpp>
@@ -13,8 +16,10 @@
 #include "launcher/config.h"
 #include "launcher/model_file.h"
 #include "launcher/progress.h"
+#include "launcher/rank_log.h"
 #include "launcher/sample_text.h"
 #include "runtime/bt.h"
+#include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
 
 namespace bt::launcher {
@@ -77,14 +82,24 @@ void write_text(const std::string& path, const std::string& text) {
 
 int run_train(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  const train::TrainConfig cfg = load_train_config(o.config, o.sets);
-  if (!o.resolved.empty()) write_text(o.resolved, config_to_json(cfg) + "\n");
-  MetricsWriter metrics(o.metrics);
+  const train::TrainConfig cfg0 = load_train_config(o.config, o.sets);
+  const dist::World& w = dist::init_world();
+  const bool lead = w.rank == 0;
+  // Under `blutrain launch` each rank logs to its own file (rank 0 to the
+  // terminal too); under a bare mpirun only rank 0 prints.
+  const bool logged = open_rank_log(w);
+  if (!lead && !logged && !std::freopen("/dev/null", "w", stdout))
+    BT_FAIL("rank ", w.rank, ": cannot silence stdout");
+  train::TrainConfig cfg = cfg0;
+  if (!lead) cfg.train.save_weights.clear();  // rank 0 writes the files
+  if (lead && !o.resolved.empty()) write_text(o.resolved, config_to_json(cfg0, w.size) + "\n");
+  MetricsWriter metrics(lead ? o.metrics : std::string());
 
-  train::Trainer tr(cfg);
+  auto trainer = std::make_unique<train::Trainer>(cfg);
+  train::Trainer& tr = *trainer;
   nn::Gpt& model = tr.model();
   if (!o.init_weights.empty()) load_model_into(o.init_weights, model);
-  if (!o.save_init.empty()) save_model(o.save_init, model);
+  if (lead && !o.save_init.empty()) save_model(o.save_init, model);
 
   const nn::GptConfig& mc = cfg.model;
   const train::TrainOptions& t = cfg.train;
@@ -103,11 +118,15 @@ int run_train(int argc, char** argv) {
               tr.device().str().c_str(), t.precision.c_str(), t.deterministic ? " (deterministic)" : "",
               data.shards().size(), static_cast<double>(data_tokens) / 1e6,
               static_cast<long long>(data.batches_per_epoch()), tr.has_val() ? ", with validation" : "");
+  if (w.size > 1)
+    std::printf("  %d ranks (%s), dist.strategy %s: each rank runs %lld micro-batches of %lld per step\n",
+                w.size, w.launched_by.c_str(), cfg.dist.strategy.c_str(),
+                static_cast<long long>(tr.grad_accum()), static_cast<long long>(t.micro_batch));
   std::printf(
       "  %lld steps of %lld sequences (%lld micro-batches of %lld) = %lld tokens/step, lr %.2e -> %.2e, "
       "warmup %lld\n",
       static_cast<long long>(t.steps), static_cast<long long>(t.batch_size),
-      static_cast<long long>(tr.grad_accum()), static_cast<long long>(t.micro_batch),
+      static_cast<long long>(tr.grad_accum() * w.size), static_cast<long long>(t.micro_batch),
       static_cast<long long>(t.batch_size * mc.seq_len), t.lr, t.min_lr,
       static_cast<long long>(t.warmup_steps));
   std::fflush(stdout);
@@ -143,9 +162,14 @@ int run_train(int argc, char** argv) {
               progress.mean_tokens_per_s(), last_loss,
               last_val ? fmt::format(", val loss {:.4f}", *last_val).c_str() : "",
               human_bytes(train::peak_memory_bytes(tr.device())).c_str());
-  if (t.sample_tokens > 0)
+  if (lead && t.sample_tokens > 0)
     print_sample(model, cfg.data.tokenizer, t.sample_prompt, t.sample_tokens, t.sample_temperature,
                  t.sample_top_k, t.seed);
+  if (!lead)
+    std::fprintf(stderr, "rank %d: done, %lld steps, train loss %.4f\n", w.rank,
+                 static_cast<long long>(t.steps), last_loss);
+  trainer.reset();  // its process group goes before MPI does
+  dist::finalize_world();
   return 0;
 }
 

@@ -14,10 +14,10 @@ using detail::acc_t;
 using detail::load;
 using detail::store;
 
-/// Sum of x[0], x[stride], ... (n terms) in A, with 8 interleaved partial sums
-/// when the data is contiguous (vectorizable, and more accurate than one chain).
+/// Sum of x[0..n) in A with 8 interleaved partial sums (vectorizable, and
+/// more accurate than one chain).
 template <class T, class A = acc_t<T>>
-A sum_row(const T* x, int64_t n) {
+A sum_chunk(const T* x, int64_t n) {
   A part[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -25,6 +25,20 @@ A sum_row(const T* x, int64_t n) {
   A s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   for (; i < n; ++i) s += load(x, i);
   return s;
+}
+
+/// Sum of x[0..n): chunks of 4096 summed as above, chunk sums added in double,
+/// so the error stays near that of 512-term chains however long the row is (a
+/// gradient norm over millions of elements must not drift with the buffer's
+/// layout: ZeRO sums shards, one process whole tensors).
+template <class T, class A = acc_t<T>>
+A sum_row(const T* x, int64_t n) {
+  constexpr int64_t kChunk = 4096;
+  if (n <= kChunk) return sum_chunk(x, n);
+  double total = 0;
+  for (int64_t i = 0; i < n; i += kChunk)
+    total += static_cast<double>(sum_chunk(x + i, std::min(kChunk, n - i)));
+  return static_cast<A>(total);
 }
 
 /// max with NaN winning; ties keep the earlier index.

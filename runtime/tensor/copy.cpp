@@ -159,6 +159,18 @@ Tensor& Tensor::copy_(const Tensor& src_in) {
   return *this;
 }
 
+Tensor& Tensor::set_data_(const Tensor& src) {
+  BT_CHECK(defined() && src.defined(), "set_data_: both tensors must be defined");
+  BT_CHECK(src.shape() == shape() && src.dtype() == dtype(), "set_data_: a tensor of shape ",
+           shape_str(shape()), " and dtype ", dtype(), " cannot take the memory of one of shape ",
+           shape_str(src.shape()), " and dtype ", src.dtype());
+  impl_->storage = src.impl_->storage;
+  impl_->strides = src.impl_->strides;
+  impl_->offset = src.impl_->offset;
+  impl_->stream = src.impl_->stream;
+  return *this;
+}
+
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
   if (is_contiguous()) {

@@ -97,6 +97,10 @@ class Tensor {
 
   // ---- in-place (bump the version counter; not differentiable)
   Tensor& copy_(const Tensor& src);  // broadcasts src, converts dtype, crosses devices
+  /// Points this tensor -- every handle to it, autograd's included -- at
+  /// `src`'s memory (same shape and dtype; values are not copied). Not an
+  /// autograd op: how distributed strategies move parameters into flat buffers.
+  Tensor& set_data_(const Tensor& src);
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
   Tensor& add_(const Tensor& other, double alpha = 1.0);

@@ -50,6 +50,11 @@ void TrainConfig::validate(int world) const {
   non_negative("train.sample_tokens", static_cast<double>(t.sample_tokens));
   positive("train.sample_temperature", t.sample_temperature);
   non_negative("train.sample_top_k", static_cast<double>(t.sample_top_k));
+  BT_CHECK(dist.strategy == "ddp" || dist.strategy == "zero1" || dist.strategy == "zero2" ||
+               dist.strategy == "zero3",
+           "dist.strategy must be ddp, zero1, zero2 or zero3, got '", dist.strategy, "'");
+  positive("dist.bucket_mb", dist.bucket_mb);
+  positive("dist.timeout_s", dist.timeout_s);
   grad_accum(world);
 }
 

@@ -43,11 +43,20 @@ struct TrainOptions {
   std::string save_weights;   // HDF5 weights file written at the end; empty = none
 };
 
+/// The `dist:` section: how a job of several ranks splits the work (ignored
+/// by a single process). See docs/distributed.md.
+struct DistOptions {
+  std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3
+  double bucket_mb = 25.0;       // gradient bucket size (ddp)
+  double timeout_s = 300.0;      // deadline of every collective
+};
+
 struct TrainConfig {
   std::string preset = "tiny";
   nn::GptConfig model;
   DataConfig data;
   TrainOptions train;
+  DistOptions dist;
 
   /// Micro-batches per optimizer step for `world` ranks. Throws a bt::Error
   /// naming train.batch_size / train.micro_batch if they do not divide.

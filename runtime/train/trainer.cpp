@@ -9,13 +9,17 @@
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/core/profiler.h"
 #include "runtime/core/stream.h"
+#include "runtime/dist/world.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/optim/clip.h"
+#include "runtime/tensor/factory.h"
 
 namespace bt::train {
 
-Device resolve_device(const std::string& spec) {
-  const Device d = spec == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(spec);
+Device resolve_device(const std::string& spec, int local_rank) {
+  const Device d = spec == "auto"
+                       ? (cuda_available() ? Device::cuda(local_rank % cuda_device_count()) : Device::cpu())
+                       : parse_device(spec);
   check_device_usable(d);
   return d;
 }
@@ -28,25 +32,39 @@ uint64_t peak_memory_bytes(const Device& d) {
 }
 
 Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
-  cfg_.validate();
-  accum_ = cfg_.grad_accum();
-  device_ = resolve_device(cfg_.train.device);
+  const dist::World& w = dist::world();
+  rank_ = w.rank;
+  world_ = w.size;
+  cfg_.validate(world_);
+  accum_ = cfg_.grad_accum(world_);
+  std::string dev = cfg_.train.device;
+  if (world_ > 1 && dev == "cuda") dev = cat("cuda:", w.local_rank);  // one GPU per rank on a host
+  device_ = resolve_device(dev, w.local_rank);
   set_precision(parse_precision(cfg_.train.precision));
   const TrainOptions& t = cfg_.train;
   const int64_t T = cfg_.model.seq_len;
-  train_ = std::make_unique<TokenLoader>(cfg_.data.train, t.micro_batch, T, 0, 1, t.seed, cfg_.data.shuffle);
+  train_ = std::make_unique<TokenLoader>(cfg_.data.train, t.micro_batch, T, rank_, world_, t.seed,
+                                         cfg_.data.shuffle);
   if (!cfg_.data.val.empty())
-    val_ = std::make_unique<TokenLoader>(cfg_.data.val, t.micro_batch, T, 0, 1, t.seed, /*shuffle=*/false);
+    val_ = std::make_unique<TokenLoader>(cfg_.data.val, t.micro_batch, T, rank_, world_, t.seed,
+                                         /*shuffle=*/false);
   model_ = std::make_unique<nn::Gpt>(cfg_.model, device_, t.seed);
-
-  AdamW::Group decay{{}, t.weight_decay}, no_decay{{}, 0.0};
-  for (const Tensor& p : model_->parameters()) (nn::Gpt::decays(p) ? decay : no_decay).params.push_back(p);
-  AdamWOptions o;
-  o.lr = t.lr;
-  o.beta1 = t.beta1;
-  o.beta2 = t.beta2;
-  o.eps = t.eps;
-  opt_ = std::make_unique<AdamW>(std::vector<AdamW::Group>{decay, no_decay}, o);
+  dist::StrategyOptions so;
+  so.name = world_ > 1 ? cfg_.dist.strategy : "local";
+  so.bucket_mb = cfg_.dist.bucket_mb;
+  so.adamw.lr = t.lr;
+  so.adamw.beta1 = t.beta1;
+  so.adamw.beta2 = t.beta2;
+  so.adamw.eps = t.eps;
+  if (world_ > 1) {
+    BT_CHECK(!device_.is_cuda(), "training on CUDA across ", world_,
+             " ranks needs the NCCL process group, which is not built yet; use train.device=cpu");
+    pg_ = dist::cpu_group();
+    pg_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg_.dist.timeout_s * 1000)));
+  }
+  std::vector<dist::ParamSpec> ps;
+  for (const Tensor& p : model_->parameters()) ps.push_back({p, nn::Gpt::decays(p) ? t.weight_decay : 0.0});
+  strategy_ = dist::make_strategy(so, std::move(ps), pg_);
   schedule_ = CosineSchedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
   if (device_.is_cuda()) cuda_reset_peak_stats(device_.index);
 }
@@ -54,9 +72,10 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
 StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   ProfileScope prof_step("step");
+  if (pg_) pg_->set_step(step_ + 1);
   {
     ProfileScope prof("zero_grad");
-    opt_->zero_grad();
+    strategy_->zero_grad();
   }
   Tensor loss_sum;
   for (int64_t j = 0; j < accum_; ++j) {
@@ -73,30 +92,36 @@ StepStats Trainer::step() {
     }
     {
       ProfileScope prof("backward");
+      strategy_->before_backward(j == accum_ - 1);  // ranks communicate on the last micro-step only
       (accum_ == 1 ? loss : mul(loss, 1.0 / static_cast<double>(accum_))).backward();
     }
     NoGradGuard ng;
     Tensor l = loss.detach();
     loss_sum = loss_sum.defined() ? add(loss_sum, l) : l;
   }
+  {
+    ProfileScope prof("grad_sync");
+    strategy_->after_backward();
+  }
   StepStats s;
   {
     ProfileScope prof("grad_norm");
-    s.grad_norm = global_grad_norm(model_->parameters());
+    s.grad_norm = strategy_->grad_norm();
   }
   s.lr = schedule_.at(step_);
-  opt_->set_lr(s.lr);
   {
     ProfileScope prof("optimizer");
-    opt_->step(clip_coefficient(s.grad_norm, cfg_.train.grad_clip));
+    strategy_->step(s.lr, clip_coefficient(s.grad_norm, cfg_.train.grad_clip));
   }
-  s.loss = static_cast<double>(loss_sum.item<float>()) / static_cast<double>(accum_);
+  s.loss = mean_over_ranks(static_cast<double>(loss_sum.item<float>()) / static_cast<double>(accum_));
   if (device_.is_cuda()) Stream::current(device_).synchronize();
   s.step = ++step_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokens = cfg_.train.batch_size * cfg_.model.seq_len;
   s.tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
   s.peak_mem_bytes = peak_memory_bytes(device_);
+  s.optimizer_state_bytes = strategy_->optimizer_state_bytes();
+  s.gradient_bytes = strategy_->gradient_bytes();
   return s;
 }
 
@@ -111,7 +136,14 @@ double Trainer::evaluate() {
     Tensor l = model_->loss(b.inputs.to(device_, true), b.targets.to(device_, true));
     total = total.defined() ? add(total, l) : l;
   }
-  return static_cast<double>(total.item<float>()) / static_cast<double>(n);
+  return mean_over_ranks(static_cast<double>(total.item<float>()) / static_cast<double>(n));
+}
+
+double Trainer::mean_over_ranks(double v) {
+  if (!pg_) return v;
+  Tensor t = full({1}, v, TensorOptions{}.with_dtype(DType::F64));
+  pg_->all_reduce(t, dist::ReduceOp::Avg);
+  return t.item<double>();
 }
 
 }  // namespace bt::train

@@ -10,6 +10,12 @@
 //   3. AdamW with lr(step) on gradients scaled by c (fused into the update);
 //      weight decay on 2-D parameters only
 //   4. reported loss = mean of the A micro-batch losses
+//
+// In a job of several ranks (dist::world(), set up by dist::init_world()),
+// each rank runs A = batch_size / (micro_batch * ranks) micro-batches of its
+// own samples, and the strategy (dist.strategy) makes step 1's gradients the
+// average over ranks, so every rank takes the same step as one process with
+// the whole global batch; the reported loss is averaged over ranks too.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +23,8 @@
 #include <optional>
 
 #include "runtime/data/loader.h"
+#include "runtime/dist/strategy.h"
 #include "runtime/nn/gpt.h"
-#include "runtime/optim/adamw.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/train/config.h"
 
@@ -32,7 +38,9 @@ struct StepStats {
   int64_t tokens = 0;    // tokens processed by this step (all ranks)
   double seconds = 0;    // wall time of the step, device work included
   double tokens_per_s = 0;
-  uint64_t peak_mem_bytes = 0;  // CUDA: peak allocated; CPU: peak RSS
+  uint64_t peak_mem_bytes = 0;         // CUDA: peak allocated; CPU: peak RSS
+  uint64_t optimizer_state_bytes = 0;  // AdamW m and v held by this rank
+  uint64_t gradient_bytes = 0;         // gradient buffers this rank keeps between steps
 };
 
 class Trainer {
@@ -53,20 +61,29 @@ class Trainer {
   nn::Gpt& model() { return *model_; }
   int64_t grad_accum() const { return accum_; }
   const TokenLoader& train_loader() const { return *train_; }
+  /// The job's ranks (1 for a single process) and this one's index.
+  int world_size() const { return world_; }
+  int rank() const { return rank_; }
+  /// The strategy in use ("local" for one process), with its memory figures.
+  const dist::Strategy& strategy() const { return *strategy_; }
 
  private:
   TrainConfig cfg_;
   Device device_;
   std::unique_ptr<nn::Gpt> model_;
-  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<dist::Strategy> strategy_;  // local for one process
   CosineSchedule schedule_;
   std::unique_ptr<TokenLoader> train_, val_;
   int64_t accum_ = 1;
   int64_t step_ = 0;
+  int rank_ = 0, world_ = 1;
+  std::shared_ptr<dist::ProcessGroup> pg_;  // null for a single process
+  /// The mean over ranks of a scalar (itself for a single process).
+  double mean_over_ranks(double v);
 };
 
-/// "auto" -> cuda:0 when a device is visible, else cpu; otherwise parse_device.
-Device resolve_device(const std::string& spec);
+/// "auto" -> cuda:local_rank when a device is visible, else cpu; otherwise parse_device.
+Device resolve_device(const std::string& spec, int local_rank = 0);
 /// The peak memory figure StepStats reports for `d`.
 uint64_t peak_memory_bytes(const Device& d);
 

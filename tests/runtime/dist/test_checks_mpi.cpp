@@ -8,12 +8,7 @@ namespace bt {
 namespace {
 
 TEST(DistChecks, MpiErrorBecomesBtError) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    ASSERT_EQ(MPI_Init(nullptr, nullptr), MPI_SUCCESS);
-  }
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // tests/support/mpi_main initialized MPI, with MPI_ERRORS_RETURN on MPI_COMM_WORLD.
   int size = 0;
   BT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   int x = 0;
@@ -26,7 +21,6 @@ TEST(DistChecks, MpiErrorBecomesBtError) {
     EXPECT_NE(m.find("MPI_Send"), std::string::npos) << m;
     EXPECT_NE(m.find("test_checks_mpi.cpp:"), std::string::npos) << m;
   }
-  MPI_Finalize();
 }
 
 #ifdef BT_NCCL

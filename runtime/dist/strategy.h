@@ -1,0 +1,63 @@
+// Strategy: how one optimizer step's gradients and updates are shared among
+// the ranks of a job. The Trainer drives it the same way for every strategy:
+//
+//   zero_grad()
+//   for each micro-step j of A: before_backward(j == A - 1); loss.backward()
+//   after_backward()            gradients averaged over ranks (all, or this rank's shard)
+//   norm = grad_norm()          global L2 norm, the same on every rank
+//   step(lr, clip coefficient)  AdamW; parameters equal on every rank afterwards
+//
+// Strategies (dist.strategy; docs/distributed.md has the buffer layouts):
+//   local  one process: AdamW over the parameters
+//   ddp    DataParallel buckets (ddp.h), full AdamW state on every rank
+//   zero1  optimizer state (m, v) sharded: reduce-scatter the gradients,
+//          update this rank's shard, all-gather the parameters (zero.h)
+//   zero2  zero1, and the full gradient buffer is released once reduced:
+//          between steps each rank keeps only its gradient shard
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/dist/process_group.h"
+#include "runtime/optim/adamw.h"
+
+namespace bt::dist {
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+  virtual void zero_grad() = 0;
+  virtual void before_backward(bool last_micro_step) = 0;
+  virtual void after_backward() = 0;
+  virtual double grad_norm() = 0;
+  /// AdamW with learning rate `lr` on the gradients times `grad_scale`.
+  virtual void step(double lr, double grad_scale) = 0;
+  /// Bytes of optimizer state this rank holds (AdamW m and v).
+  virtual uint64_t optimizer_state_bytes() const = 0;
+  /// Bytes of gradient buffers this rank holds between steps.
+  virtual uint64_t gradient_bytes() const = 0;
+};
+
+/// One parameter and its AdamW weight decay.
+struct ParamSpec {
+  Tensor param;
+  double weight_decay = 0.0;
+};
+
+struct StrategyOptions {
+  std::string name = "local";  // local | ddp | zero1 | zero2
+  AdamWOptions adamw;
+  double bucket_mb = 25.0;
+};
+
+/// `params`: the model's parameters in forward order (f32 leaves on one
+/// device). `pg` may be null only for "local". Throws bt::Error for an
+/// unknown name.
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o, std::vector<ParamSpec> params,
+                                        std::shared_ptr<ProcessGroup> pg);
+
+}  // namespace bt::dist

@@ -1,0 +1,115 @@
+#include "runtime/dist/zero.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/autograd/grad_mode.h"
+#include "runtime/optim/clip.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt::dist {
+
+ZeroStrategy::ZeroStrategy(int stage, const AdamWOptions& o, std::vector<ParamSpec> params,
+                           std::shared_ptr<ProcessGroup> pg)
+    : stage_(stage), params_(std::move(params)), pg_(std::move(pg)) {
+  BT_CHECK(stage_ == 1 || stage_ == 2, "ZeroStrategy: stage must be 1 or 2, got ", stage_);
+  BT_CHECK(!params_.empty(), "ZeroStrategy: no parameters");
+  NoGradGuard ng;
+  const Device dev = params_[0].param.device();
+  int64_t total = 0;
+  for (const ParamSpec& p : params_) {
+    BT_CHECK(p.param.dtype() == DType::F32 && p.param.device() == dev && p.param.is_contiguous(),
+             "ZeroStrategy: parameters must be contiguous f32 tensors, all on ", dev);
+    offsets_.push_back(total);
+    total += p.param.numel();
+  }
+  const int64_t n = pg_->size();
+  shard_ = (total + n - 1) / n;
+  padded_ = shard_ * n;
+
+  // Note [ZeRO flat layout]: parameters become views of one padded buffer.
+  const TensorOptions f32 = TensorOptions{}.with_device(dev);
+  flat_param_ = zeros({padded_}, f32);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i].param;
+    Tensor slot = flat_param_.narrow(0, offsets_[i], p.numel()).view(p.shape());
+    slot.copy_(p);
+    p.set_data_(slot);
+  }
+  pg_->broadcast(flat_param_, 0);  // every rank starts from rank 0's values
+
+  if (stage_ == 2) shard_grad_ = zeros({shard_}, f32);
+  zero_grad();  // allocates and binds the flat gradient
+
+  // This rank's pieces of the parameters, each with its gradient and decay.
+  const int64_t lo = pg_->rank() * shard_, hi = lo + shard_;
+  std::vector<AdamW::Group> groups;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + params_[i].param.numel());
+    if (a >= b) continue;
+    Tensor piece = flat_param_.narrow(0, a, b - a);
+    piece.set_grad(stage_ == 1 ? flat_grad_.narrow(0, a, b - a) : shard_grad_.narrow(0, a - lo, b - a));
+    pieces_.push_back(piece);
+    const double wd = params_[i].weight_decay;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const AdamW::Group& g) { return g.weight_decay == wd; });
+    if (it == groups.end()) it = groups.insert(groups.end(), AdamW::Group{{}, wd});
+    it->params.push_back(piece);
+  }
+  opt_ = std::make_unique<AdamW>(std::move(groups), o);
+}
+
+void ZeroStrategy::bind_grads(const Tensor& flat_grad) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].param;
+    p.set_grad(flat_grad.defined() ? flat_grad.narrow(0, offsets_[i], p.numel()).view(p.shape()) : Tensor());
+  }
+}
+
+void ZeroStrategy::zero_grad() {
+  NoGradGuard ng;
+  if (stage_ == 1 && flat_grad_.defined()) {
+    flat_grad_.zero_();
+    return;
+  }
+  flat_grad_ = zeros({padded_}, TensorOptions{}.with_device(flat_param_.device()));
+  bind_grads(flat_grad_);
+}
+
+void ZeroStrategy::after_backward() {
+  NoGradGuard ng;
+  Tensor mine = shard_of(flat_grad_);
+  pg_->reduce_scatter(flat_grad_, mine, ReduceOp::Avg);
+  if (stage_ == 2) {
+    shard_grad_.copy_(mine);
+    bind_grads(Tensor());
+    flat_grad_ = Tensor();  // only the shard stays (Note [ZeRO flat layout])
+  }
+}
+
+double ZeroStrategy::grad_norm() {
+  const double local = global_grad_norm(pieces_);
+  Tensor sq =
+      full({1}, local * local, TensorOptions{}.with_dtype(DType::F64).with_device(flat_param_.device()));
+  pg_->all_reduce(sq, ReduceOp::Sum);
+  return std::sqrt(sq.item<double>());
+}
+
+void ZeroStrategy::step(double lr, double grad_scale) {
+  opt_->set_lr(lr);
+  opt_->step(grad_scale);
+  pg_->all_gather(shard_of(flat_param_), flat_param_);
+  flat_param_.bump_version();
+}
+
+uint64_t ZeroStrategy::optimizer_state_bytes() const {
+  uint64_t n = 0;
+  for (const Tensor& p : pieces_) n += static_cast<uint64_t>(p.numel());
+  return 2 * n * sizeof(float);
+}
+
+uint64_t ZeroStrategy::gradient_bytes() const {
+  return static_cast<uint64_t>(stage_ == 1 ? padded_ : shard_) * sizeof(float);
+}
+
+}  // namespace bt::dist
