@@ -139,7 +139,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   MPI_Comm_free(&comm_);
 }
 
-int64_t MpiProcessGroup::begin(const char* op) {
+int64_t MpiProcessGroup::announce() {
   const int64_t seq = ++seq_;
   peer_seq_[rank_] = seq;
   if (size_ == 1) return seq;
@@ -180,7 +180,7 @@ std::vector<int64_t> MpiProcessGroup::arrivals() {
   return peer_seq_;
 }
 
-std::string MpiProcessGroup::timeout_message(const char* op, int64_t seq) {
+std::string MpiProcessGroup::not_arrived(int64_t seq) {
   poll_presence();
   std::string missing, last;
   for (int p = 0; p < size_; ++p) {
@@ -188,10 +188,14 @@ std::string MpiProcessGroup::timeout_message(const char* op, int64_t seq) {
     missing += cat(missing.empty() ? "" : ", ", p);
     last += cat(last.empty() ? "" : ", ", "rank ", p, " at #", peer_seq_[p]);
   }
-  if (missing.empty()) missing = "none (every rank arrived; the transfer itself is stuck)";
+  if (missing.empty())
+    return "ranks that did not arrive: none (every rank arrived; the transfer itself is stuck)";
+  return cat("ranks that did not arrive: ", missing, " (last collective reached: ", last, ")");
+}
+
+std::string MpiProcessGroup::timeout_message(const char* op, int64_t seq) {
   return cat(describe(op, seq), " timed out after ", timeout().count() / 1000.0, " s on rank ", rank_, " of ",
-             size_, ": ranks that did not arrive: ", missing,
-             last.empty() ? "" : " (last collective reached: ", last, last.empty() ? "" : ")",
+             size_, ": ", not_arrived(seq),
              ". A rank has died, hangs, or skipped a collective; the job will be aborted (raise "
              "dist.timeout_s if the ranks are only slow)");
 }
@@ -200,7 +204,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceO
   check_tensor("all_reduce", t, false);
   check_reducible("all_reduce", t.dtype(), op);
   const int n = count_of("all_reduce", t.numel());
-  const int64_t seq = begin("all_reduce");
+  const int64_t seq = announce();
   MPI_Request req;
   BT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, mpi_type(t.dtype()), MPI_SUM, comm_, &req));
   std::function<void()> finish;
@@ -213,7 +217,7 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter_async(const Tensor& in, co
   check_pair("reduce_scatter", out, in, false);
   check_reducible("reduce_scatter", in.dtype(), op);
   const int n = count_of("reduce_scatter", out.numel());
-  const int64_t seq = begin("reduce_scatter");
+  const int64_t seq = announce();
   // MPI's in-place form puts the result at the start of the buffer, not in
   // this rank's slot: reduce into scratch and copy when the slot is the output.
   const Tensor dst = out.shares_storage(in) ? empty_like(out) : out;
@@ -233,7 +237,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& in, const 
   check_pair("all_gather", in, out, false);
   const int n = count_of("all_gather", in.numel());
   const MPI_Datatype ty = mpi_type(in.dtype());
-  const int64_t seq = begin("all_gather");
+  const int64_t seq = announce();
   MPI_Request req;
   if (is_rank_slot(in, out))
     BT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.data_ptr(), n, ty, comm_, &req));
@@ -246,14 +250,14 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root
   check_tensor("broadcast", t, false);
   BT_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group of ", size_);
   const int n = count_of("broadcast", t.numel());
-  const int64_t seq = begin("broadcast");
+  const int64_t seq = announce();
   MPI_Request req;
   BT_MPI_CHECK(MPI_Ibcast(t.data_ptr(), n, mpi_type(t.dtype()), root, comm_, &req));
   return std::make_shared<MpiWork>(this, "broadcast", seq, req, std::function<void()>{});
 }
 
 void MpiProcessGroup::barrier() {
-  const int64_t seq = begin("barrier");
+  const int64_t seq = announce();
   MPI_Request req;
   BT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
   MpiWork(this, "barrier", seq, req, {}).wait();

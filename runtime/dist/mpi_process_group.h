@@ -40,10 +40,15 @@ class MpiProcessGroup : public ProcessGroup {
 
   /// The last collective each rank has announced (this rank's own included).
   std::vector<int64_t> arrivals();
+  /// Takes the next sequence number and announces it to the peers; other
+  /// groups (NCCL) use this group's announcements for their own collectives.
+  int64_t announce();
+  /// "ranks that did not arrive: 3 (last collective reached: rank 3 at #56)"
+  /// for collective #seq.
+  std::string not_arrived(int64_t seq);
 
  private:
   friend class MpiWork;
-  int64_t begin(const char* op);  // next sequence number, announced to the peers
   void poll_presence();
   std::string timeout_message(const char* op, int64_t seq);
 

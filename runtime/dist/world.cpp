@@ -7,13 +7,14 @@
 
 #include "runtime/dist/checks.h"
 #include "runtime/dist/mpi_process_group.h"
+#include "runtime/dist/nccl_process_group.h"
 
 namespace bt::dist {
 namespace {
 
 World g_world;
 bool g_init = false;
-std::shared_ptr<ProcessGroup> g_cpu_group;
+std::shared_ptr<ProcessGroup> g_cpu_group, g_gpu_group;
 
 bool has_env(const char* name) {
   const char* v = std::getenv(name);
@@ -36,9 +37,13 @@ const World& init_world() {
     BT_MPI_CHECK(MPI_Initialized(&inited));
     if (!inited) {
       int provided = 0;
-      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+      // MULTIPLE: the NCCL group's watchdog thread asks MPI who has arrived.
+      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
       BT_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed (error ", rc,
                "): the job was started by mpirun/srun, but MPI could not start; check the launcher's output");
+      BT_CHECK(provided == MPI_THREAD_MULTIPLE,
+               "this MPI library does not support MPI_THREAD_MULTIPLE (got level ", provided,
+               "); BluTrain needs it (Open MPI 4 has it)");
     }
     BT_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     BT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_world.rank));
@@ -74,7 +79,21 @@ std::shared_ptr<ProcessGroup> cpu_group() {
   return g_cpu_group;
 }
 
+std::shared_ptr<ProcessGroup> device_group(const Device& d) {
+  if (!d.is_cuda()) return cpu_group();
+  BT_CHECK(g_world.mpi, "a CUDA process group needs MPI to start: use `blutrain launch` or mpirun");
+#ifdef BT_NCCL
+  if (!g_gpu_group) g_gpu_group = std::make_shared<NcclProcessGroup>(MPI_COMM_WORLD, d);
+  return g_gpu_group;
+#else
+  BT_FAIL(
+      "this build has no NCCL, so CUDA tensors cannot be shared across ranks; rebuild where NCCL is "
+      "installed, or train with train.device=cpu");
+#endif
+}
+
 void finalize_world() {
+  g_gpu_group.reset();
   g_cpu_group.reset();
   if (g_world.mpi) {
     int finalized = 0;

@@ -35,6 +35,9 @@ const World& init_world();
 const World& world();
 /// The MPI group over every rank (created on first use). Requires an MPI world.
 std::shared_ptr<ProcessGroup> cpu_group();
+/// The group for tensors on `d`: cpu_group() for the CPU, the NCCL group over
+/// every rank for a CUDA device (created on first use; needs BT_NCCL).
+std::shared_ptr<ProcessGroup> device_group(const Device& d);
 /// Destroys the groups and finalizes MPI (normal exit).
 void finalize_world();
 /// Ends every rank of the job now with `code` (MPI_Abort when MPI is up):

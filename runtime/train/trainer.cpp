@@ -57,9 +57,7 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
   so.adamw.beta2 = t.beta2;
   so.adamw.eps = t.eps;
   if (world_ > 1) {
-    BT_CHECK(!device_.is_cuda(), "training on CUDA across ", world_,
-             " ranks needs the NCCL process group, which is not built yet; use train.device=cpu");
-    pg_ = dist::cpu_group();
+    pg_ = dist::device_group(device_);
     pg_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg_.dist.timeout_s * 1000)));
   }
   std::vector<dist::ParamSpec> ps;
@@ -141,7 +139,7 @@ double Trainer::evaluate() {
 
 double Trainer::mean_over_ranks(double v) {
   if (!pg_) return v;
-  Tensor t = full({1}, v, TensorOptions{}.with_dtype(DType::F64));
+  Tensor t = full({1}, v, TensorOptions{}.with_dtype(DType::F64).with_device(device_));
   pg_->all_reduce(t, dist::ReduceOp::Avg);
   return t.item<double>();
 }

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   MPI_Initialized(&inited);
   if (!inited) {
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   }
   const bt::dist::World& w = bt::dist::init_world();
   if (w.rank != 0) {

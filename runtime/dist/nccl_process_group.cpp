@@ -1,0 +1,240 @@
+#include "runtime/dist/nccl_process_group.h"
+
+#ifdef BT_NCCL
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+
+#include "kernels/common/cuda_check.h"
+#include "runtime/dist/checks.h"
+#include "runtime/dist/world.h"
+#include "runtime/tensor/factory.h"
+#include "runtime/tensor/storage.h"
+
+namespace bt::dist {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+    case DType::U16:
+      return ncclFloat16;  // U16 is moved, never reduced
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::U8:
+    case DType::Bool:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(const char* op, DType t, ReduceOp r) {
+  BT_CHECK(t != DType::U16 && t != DType::Bool && t != DType::U8, op, ": NCCL does not reduce ", t,
+           " tensors");
+  return r == ReduceOp::Sum ? ncclSum : ncclAvg;
+}
+
+/// RAII for the device of the group during a call.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int d) {
+    BT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != d) BT_CUDA_CHECK(cudaSetDevice(d));
+  }
+  ~DeviceGuard() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
+}  // namespace
+
+struct NcclProcessGroup::Pending {
+  const char* op = "";
+  int64_t seq = 0, step = 0;
+  cudaEvent_t done_event = nullptr;  // destroyed with the last holder (Work or watchdog)
+  std::chrono::steady_clock::time_point deadline;
+  std::atomic<bool> done{false};
+  ~Pending() {
+    if (done_event) cudaEventDestroy(done_event);
+  }
+};
+
+namespace {
+/// cudaEventQuery without leaving cudaErrorNotReady as the thread's last error.
+cudaError_t query(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) (void)cudaGetLastError();
+  return r;
+}
+}  // namespace
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclProcessGroup::Pending> p, Device device) : p_(std::move(p)), device_(device) {}
+  bool done() override {
+    if (p_->done) return true;
+    const cudaError_t e = query(p_->done_event);
+    if (e == cudaErrorNotReady) return false;
+    BT_CUDA_CHECK(e);
+    return true;
+  }
+  void wait() override {
+    const Stream cur = Stream::current(device_);
+    BT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cur.handle()), p_->done_event, 0));
+  }
+
+ private:
+  std::shared_ptr<NcclProcessGroup::Pending> p_;
+  Device device_;
+};
+
+NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, Device device) : ProcessGroup(0, 1), device_(device) {
+  BT_CHECK(device.is_cuda(), "the NCCL process group needs a CUDA device, got ", device);
+  presence_ = std::make_unique<MpiProcessGroup>(comm);
+  rank_ = presence_->rank();
+  size_ = presence_->size();
+  DeviceGuard g(device.index);
+  ncclUniqueId id;
+  if (rank_ == 0) BT_NCCL_CHECK(ncclGetUniqueId(&id));
+  BT_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm));
+  BT_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  stream_ = Stream::create(device);
+  watchdog_ = std::thread([this] { watchdog(); });
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  if (comm_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.handle()));
+    ncclCommDestroy(comm_);
+  }
+  pending_.clear();
+  presence_.reset();
+}
+
+template <class F>
+std::shared_ptr<Work> NcclProcessGroup::run(const char* op, std::initializer_list<Tensor> tensors,
+                                            F&& launch) {
+  DeviceGuard g(device_.index);
+  auto p = std::make_shared<Pending>();
+  p->op = op;
+  p->step = step_;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    p->seq = presence_->announce();
+  }
+  const Stream cur = Stream::current(device_);
+  stream_wait(stream_, cur);  // the inputs are ready
+  for (const Tensor& t : tensors) {
+    Storage& s = *t.impl()->storage;
+    if (s.allocator) s.allocator->record_stream(s.data, stream_);
+  }
+  launch(static_cast<cudaStream_t>(stream_.handle()));
+  BT_CUDA_CHECK(cudaEventCreateWithFlags(&p->done_event, cudaEventDisableTiming));
+  BT_CUDA_CHECK(cudaEventRecord(p->done_event, static_cast<cudaStream_t>(stream_.handle())));
+  p->deadline = std::chrono::steady_clock::now() + timeout_;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.push_back(p);
+  }
+  cv_.notify_all();
+  return std::make_shared<NcclWork>(p, device_);
+}
+
+void NcclProcessGroup::watchdog() {
+  cudaSetDevice(device_.index);
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    cv_.wait_for(lk, std::chrono::milliseconds(100));
+    while (!pending_.empty()) {
+      const std::shared_ptr<Pending> p = pending_.front();
+      const cudaError_t e = query(p->done_event);
+      if (e == cudaSuccess) {
+        p->done = true;
+        pending_.pop_front();
+        continue;
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      const bool late = std::chrono::steady_clock::now() >= p->deadline;
+      if (!late && async == ncclSuccess && (e == cudaErrorNotReady)) break;
+      // A deadline passed, NCCL failed, or the device did: report and end the job.
+      const std::string what =
+          cat(p->step > 0 ? cat(p->op, " #", p->seq, " (step ", p->step, ")") : cat(p->op, " #", p->seq),
+              late                   ? cat(" timed out after ", timeout_.count() / 1000.0, " s")
+              : async != ncclSuccess ? cat(" failed: NCCL ", ncclGetErrorString(async))
+                                     : cat(" failed: CUDA ", cudaGetErrorString(e)),
+              " on rank ", rank_, " of ", size_, ": ", presence_->not_arrived(p->seq),
+              ". The NCCL communicator is aborted and the job ends (raise dist.timeout_s if "
+              "the ranks are only slow)");
+      std::fprintf(stderr, "blutrain: error on rank %d of %d: %s\n", rank_, size_, what.c_str());
+      std::fflush(stderr);
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      abort_world(1);
+    }
+  }
+}
+
+std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
+  check_tensor("all_reduce", t, true);
+  const ncclRedOp_t r = nccl_op("all_reduce", t.dtype(), op);
+  return run("all_reduce", {t}, [&](cudaStream_t s) {
+    BT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                                nccl_type(t.dtype()), r, comm_, s));
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::reduce_scatter_async(const Tensor& in, const Tensor& out,
+                                                             ReduceOp op) {
+  check_pair("reduce_scatter", out, in, true);
+  const ncclRedOp_t r = nccl_op("reduce_scatter", in.dtype(), op);
+  return run("reduce_scatter", {in, out}, [&](cudaStream_t s) {
+    BT_NCCL_CHECK(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                                    nccl_type(in.dtype()), r, comm_, s));
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& in, const Tensor& out) {
+  check_pair("all_gather", in, out, true);
+  return run("all_gather", {in, out}, [&](cudaStream_t s) {
+    BT_NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
+                                nccl_type(in.dtype()), comm_, s));
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int root) {
+  check_tensor("broadcast", t, true);
+  BT_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group of ", size_);
+  return run("broadcast", {t}, [&](cudaStream_t s) {
+    BT_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                                nccl_type(t.dtype()), root, comm_, s));
+  });
+}
+
+void NcclProcessGroup::barrier() {
+  Tensor one = ones({1}, TensorOptions{}.with_device(device_));
+  all_reduce_async(one, ReduceOp::Sum)->wait();
+  Stream::current(device_).synchronize();  // the watchdog keeps the deadline
+}
+
+}  // namespace bt::dist
+
+#endif  // BT_NCCL

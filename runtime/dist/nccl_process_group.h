@@ -1,0 +1,73 @@
+// NcclProcessGroup: the ProcessGroup for CUDA tensors (built when NCCL is
+// found, BT_NCCL). Rank 0 creates the NCCL unique id and MPI broadcasts it.
+//
+// Collectives run on the group's own stream, ordered after the work already
+// queued on the caller's current stream; Work::wait() orders the caller's
+// current stream after the collective (the host does not block), and the
+// tensors are recorded on the group's stream so the caching allocator does
+// not reuse their memory early.
+//
+// Note [NCCL deadlines]: a stuck NCCL kernel blocks whichever host call next
+// synchronizes, so deadlines are kept by a watchdog thread: it polls each
+// collective's end event, and past dist timeout it prints the collective, its
+// number, the step and the ranks that had not reached it (each collective is
+// announced over MPI, as in Note [Who did not arrive]), aborts the NCCL
+// communicator and ends the job (dist::abort_world).
+#pragma once
+
+#ifdef BT_NCCL
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <mpi.h>
+#include <nccl.h>
+
+#include "runtime/core/stream.h"
+#include "runtime/dist/mpi_process_group.h"
+
+namespace bt::dist {
+
+class NcclWork;
+
+class NcclProcessGroup : public ProcessGroup {
+ public:
+  /// A group over the ranks of `comm`, each using `device` (cuda:local_rank).
+  NcclProcessGroup(MPI_Comm comm, Device device);
+  ~NcclProcessGroup() override;
+  NcclProcessGroup(const NcclProcessGroup&) = delete;
+  NcclProcessGroup& operator=(const NcclProcessGroup&) = delete;
+
+  std::string backend() const override { return "nccl"; }
+  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override;
+  std::shared_ptr<Work> all_gather_async(const Tensor& in, const Tensor& out) override;
+  std::shared_ptr<Work> broadcast_async(const Tensor& t, int root) override;
+  void barrier() override;
+
+ private:
+  friend class NcclWork;
+  struct Pending;
+  /// Announces the collective, orders the group's stream after the caller's,
+  /// records `tensors` on it, runs `launch`, and returns its Work.
+  template <class F>
+  std::shared_ptr<Work> run(const char* op, std::initializer_list<Tensor> tensors, F&& launch);
+  void watchdog();
+
+  Device device_;
+  Stream stream_;
+  ncclComm_t comm_ = nullptr;
+  std::unique_ptr<MpiProcessGroup> presence_;  // announcements (Note [Who did not arrive])
+  std::mutex mu_;                              // guards presence_, pending_, stop_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> pending_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace bt::dist
+
+#endif  // BT_NCCL
