@@ -57,6 +57,14 @@ void check_device_usable(const Device& d) {
 }  // namespace bt
 
 namespace bt {
+void set_current_device(const Device& d) {
+#ifdef BT_CUDA
+  if (!d.is_cuda()) return;
+  check_device_usable(d);
+  if (cudaSetDevice(d.index) != cudaSuccess) BT_FAIL("cannot select CUDA device ", d);
+#endif
+}
+
 DeviceGuard::DeviceGuard(const Device& d) {
 #ifdef BT_CUDA
   if (!d.is_cuda()) return;

@@ -34,6 +34,10 @@ bool cuda_available();
 int cuda_device_count();
 /// Throws a clear bt::Error if `d` is a CUDA device that cannot be used here.
 void check_device_usable(const Device& d);
+/// Makes `d` this thread's current CUDA device from now on (no-op for CPU): a
+/// rank of a distributed job selects its GPU this way, so that calls naming
+/// the legacy default stream (handle nullptr) mean that GPU's.
+void set_current_device(const Device& d);
 
 }  // namespace bt
 

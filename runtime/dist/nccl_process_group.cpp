@@ -45,19 +45,6 @@ ncclRedOp_t nccl_op(const char* op, DType t, ReduceOp r) {
   return r == ReduceOp::Sum ? ncclSum : ncclAvg;
 }
 
-/// RAII for the device of the group during a call.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int d) {
-    BT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != d) BT_CUDA_CHECK(cudaSetDevice(d));
-  }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
-
 }  // namespace
 
 struct NcclProcessGroup::Pending {
@@ -91,6 +78,7 @@ class NcclWork : public Work {
     return true;
   }
   void wait() override {
+    DeviceGuard g(device_);  // a null (legacy) stream handle means the current device's
     const Stream cur = Stream::current(device_);
     BT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cur.handle()), p_->done_event, 0));
   }
@@ -105,7 +93,8 @@ NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, Device device) : ProcessGroup(
   presence_ = std::make_unique<MpiProcessGroup>(comm);
   rank_ = presence_->rank();
   size_ = presence_->size();
-  DeviceGuard g(device.index);
+  set_current_device(device);  // this rank's GPU (Note [NCCL deadlines] in the header)
+  DeviceGuard g(device);
   ncclUniqueId id;
   if (rank_ == 0) BT_NCCL_CHECK(ncclGetUniqueId(&id));
   BT_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm));
@@ -132,7 +121,7 @@ NcclProcessGroup::~NcclProcessGroup() {
 template <class F>
 std::shared_ptr<Work> NcclProcessGroup::run(const char* op, std::initializer_list<Tensor> tensors,
                                             F&& launch) {
-  DeviceGuard g(device_.index);
+  DeviceGuard g(device_);
   auto p = std::make_shared<Pending>();
   p->op = op;
   p->step = step_;

@@ -40,6 +40,7 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
   std::string dev = cfg_.train.device;
   if (world_ > 1 && dev == "cuda") dev = cat("cuda:", w.local_rank);  // one GPU per rank on a host
   device_ = resolve_device(dev, w.local_rank);
+  set_current_device(device_);  // each rank selects its GPU (cuda:local_rank)
   set_precision(parse_precision(cfg_.train.precision));
   const TrainOptions& t = cfg_.train;
   const int64_t T = cfg_.model.seq_len;
