@@ -131,8 +131,10 @@ int run_train(int argc, char** argv) {
       static_cast<long long>(t.warmup_steps));
   std::fflush(stdout);
 
-  Progress progress(t.steps, t.log_every, mc.flops_per_token(mc.seq_len),
-                    peak_flops(tr.device(), parse_precision(t.precision)));
+  // MFU against the peak of every GPU of the job (tokens/s counts all ranks).
+  std::optional<double> peak = peak_flops(tr.device(), parse_precision(t.precision));
+  if (peak) *peak *= w.size;
+  Progress progress(t.steps, t.log_every, mc.flops_per_token(mc.seq_len), peak);
   std::optional<double> last_val;
   double last_loss = 0;
   for (int64_t i = 0; i < t.steps; ++i) {
