@@ -591,12 +591,33 @@ def cmd_bench(args):
     B, T = args.micro_batch, args.seq
     if T > mc["seq_len"]:
         raise RefError(f"--seq {T} exceeds the preset's seq_len {mc['seq_len']}")
+    world, rank = 1, 0
+    if args.dist:
+        # Under torchrun: one GPU per rank, NCCL; DDP or FSDP2 (fully_shard per block, then the root).
+        import torch.distributed as dist
+        local = int(os.environ.get("LOCAL_RANK", "-1"))
+        if local < 0:
+            raise RefError("--dist needs torchrun (LOCAL_RANK is not set)")
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        world, rank = dist.get_world_size(), dist.get_rank()
+        args.device = f"cuda:{local}"
     device = resolve_device(args.device)
     autocast = set_precision(args.precision, device)
     model = GPT(mc)
     init_weights(model, 1337)
     model.to(device)
-    opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, device)
+    if args.dist == "ddp":
+        opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, device)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    elif args.dist == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+        opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, torch.device("cpu"))  # foreach: sharded params
+    else:
+        opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, device)
     params = list(model.parameters())
 
     class StepLoss(nn.Module):  # forward + loss in one module, so --compile covers the loss too
@@ -605,7 +626,8 @@ def cmd_bench(args):
             self.m = m
 
         def forward(self, x, y):
-            return self.m.loss(self.m(x), y)
+            inner = self.m.module if isinstance(self.m, torch.nn.parallel.DistributedDataParallel) else self.m
+            return inner.loss(self.m(x), y)
 
     step_loss = StepLoss(model)
     if args.compile:
@@ -654,14 +676,15 @@ def cmd_bench(args):
         times_ms = [e0.elapsed_time(e1) for e0, e1 in times_ms]
     step_ms = float(np.mean(times_ms))
     out = {
-        "system": "pytorch-compile" if args.compile else "pytorch-eager",
+        "system": ("pytorch-compile" if args.compile else "pytorch-eager") + (f"-{args.dist}" if args.dist else ""),
+        "world_size": world,
         "precision": args.precision,
         "preset": args.preset,
         "micro_batch": B,
         "seq": T,
         "steps": args.steps,
         "warmup": args.warmup,
-        "tokens_per_s": B * T * 1e3 / step_ms,
+        "tokens_per_s": world * B * T * 1e3 / step_ms,  # all ranks
         "step_ms": step_ms,
         "step_ms_median": float(np.median(times_ms)),
         "step_ms_min": float(np.min(times_ms)),
@@ -671,6 +694,11 @@ def cmd_bench(args):
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch_version": torch.__version__,
     }
+    if args.dist:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+        if rank != 0:
+            return 0
     if args.json:
         print(json.dumps(out))
     else:
@@ -942,6 +970,8 @@ def main(argv=None):
     be.add_argument("--data", help="glob of llm.c token shards (default: random tokens)")
     be.add_argument("--device", default="cuda")
     be.add_argument("--compile", action="store_true", help="torch.compile forward + loss")
+    be.add_argument("--dist", choices=("ddp", "fsdp2"),
+                    help="under torchrun: data parallel over the ranks (tokens/s counts all; memory is rank 0's)")
     be.add_argument("--json", action="store_true", help="print only one JSON line")
     sub.add_parser("selftest", help="CPU checks of this reference (no data needed)")
     args = ap.parse_args(argv)
