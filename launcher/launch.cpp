@@ -3,6 +3,7 @@
 // shown; every rank also writes D/rank-<R>.log (launcher/rank_log.h). When a
 // rank dies, mpirun stops the others; this command names the rank and how it
 // ended, and never waits more than --grace seconds for mpirun to finish.
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -93,11 +94,33 @@ NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, Device device) : ProcessGroup(
   presence_ = std::make_unique<MpiProcessGroup>(comm);
   rank_ = presence_->rank();
   size_ = presence_->size();
-  set_current_device(device);  // this rank's GPU (Note [NCCL deadlines] in the header)
-  DeviceGuard g(device);
   ncclUniqueId id;
   if (rank_ == 0) BT_NCCL_CHECK(ncclGetUniqueId(&id));
   BT_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm));
+  init(&id, device);
+}
+
+NcclProcessGroup::NcclProcessGroup(TcpStore& store, int rank, int size, Device device)
+    : ProcessGroup(rank, size), device_(device) {
+  BT_CHECK(device.is_cuda(), "the NCCL process group needs a CUDA device, got ", device);
+  ncclUniqueId id;
+  if (rank_ == 0) {
+    BT_NCCL_CHECK(ncclGetUniqueId(&id));
+    store.set("nccl/unique_id", std::string(reinterpret_cast<const char*>(&id), sizeof id));
+  } else {
+    const std::string v = store.get("nccl/unique_id");
+    BT_CHECK(v.size() == sizeof id, "rendezvous: the NCCL unique id from rank 0 has ", v.size(),
+             " bytes, not ", sizeof id, " (ranks built against different NCCL versions?)");
+    std::memcpy(&id, v.data(), sizeof id);
+  }
+  init(&id, device);
+}
+
+void NcclProcessGroup::init(const void* unique_id, Device device) {
+  set_current_device(device);  // this rank's GPU (Note [NCCL deadlines] in the header)
+  DeviceGuard g(device);
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id, sizeof id);
   BT_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   stream_ = Stream::create(device);
   watchdog_ = std::thread([this] { watchdog(); });
@@ -127,7 +150,7 @@ std::shared_ptr<Work> NcclProcessGroup::run(const char* op, std::initializer_lis
   p->step = step_;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    p->seq = presence_->announce();
+    p->seq = presence_ ? presence_->announce() : ++seq_;
   }
   const Stream cur = Stream::current(device_);
   stream_wait(stream_, cur);  // the inputs are ready
@@ -170,7 +193,9 @@ void NcclProcessGroup::watchdog() {
               late                   ? cat(" timed out after ", timeout_.count() / 1000.0, " s")
               : async != ncclSuccess ? cat(" failed: NCCL ", ncclGetErrorString(async))
                                      : cat(" failed: CUDA ", cudaGetErrorString(e)),
-              " on rank ", rank_, " of ", size_, ": ", presence_->not_arrived(p->seq),
+              " on rank ", rank_, " of ", size_, ": ",
+              presence_ ? presence_->not_arrived(p->seq)
+                        : std::string("which ranks did not arrive is not known without MPI"),
               ". The NCCL communicator is aborted and the job ends (raise dist.timeout_s if "
               "the ranks are only slow)");
       std::fprintf(stderr, "blutrain: error on rank %d of %d: %s\n", rank_, size_, what.c_str());

@@ -28,6 +28,7 @@
 
 #include "runtime/core/stream.h"
 #include "runtime/dist/mpi_process_group.h"
+#include "runtime/dist/tcp_store.h"
 
 namespace bt::dist {
 
@@ -37,6 +38,9 @@ class NcclProcessGroup : public ProcessGroup {
  public:
   /// A group over the ranks of `comm`, each using `device` (cuda:local_rank).
   NcclProcessGroup(MPI_Comm comm, Device device);
+  /// The same, bootstrapped through a rendezvous store (no MPI): rank 0 posts
+  /// the unique id. Deadline errors then cannot say which ranks are missing.
+  NcclProcessGroup(TcpStore& store, int rank, int size, Device device);
   ~NcclProcessGroup() override;
   NcclProcessGroup(const NcclProcessGroup&) = delete;
   NcclProcessGroup& operator=(const NcclProcessGroup&) = delete;
@@ -56,11 +60,13 @@ class NcclProcessGroup : public ProcessGroup {
   template <class F>
   std::shared_ptr<Work> run(const char* op, std::initializer_list<Tensor> tensors, F&& launch);
   void watchdog();
+  void init(const void* unique_id, Device device);  // after rank_/size_ and the id are known
 
   Device device_;
   Stream stream_;
   ncclComm_t comm_ = nullptr;
-  std::unique_ptr<MpiProcessGroup> presence_;  // announcements (Note [Who did not arrive])
+  std::unique_ptr<MpiProcessGroup> presence_;  // announcements (Note [Who did not arrive]); null without MPI
+  int64_t seq_ = 0;                            // the sequence numbers without MPI
   std::mutex mu_;                              // guards presence_, pending_, stop_
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Pending>> pending_;

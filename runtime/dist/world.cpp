@@ -2,12 +2,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include <unistd.h>
 
 #include "runtime/dist/checks.h"
 #include "runtime/dist/mpi_process_group.h"
 #include "runtime/dist/nccl_process_group.h"
+#include "runtime/dist/tcp_store.h"
 
 namespace bt::dist {
 namespace {
@@ -15,6 +17,7 @@ namespace {
 World g_world;
 bool g_init = false;
 std::shared_ptr<ProcessGroup> g_cpu_group, g_gpu_group;
+std::unique_ptr<TcpStore> g_store;  // the rendezvous of a torchrun-style job
 
 bool has_env(const char* name) {
   const char* v = std::getenv(name);
@@ -24,6 +27,71 @@ bool has_env(const char* name) {
 bool started_by_mpi() {
   return has_env("OMPI_COMM_WORLD_SIZE") || has_env("PMIX_RANK") || has_env("PMI_RANK") ||
          has_env("PMI_SIZE");
+}
+
+const char* kEnvHelp =
+    "a torchrun-style job sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT on every rank";
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = std::getenv(name);
+  BT_CHECK(v && *v, name, " is not set; ", kEnvHelp);
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  BT_CHECK(end && *end == 0 && x >= lo && x <= hi, name, "=", v, " must be an integer in [", lo, ", ", hi,
+           "]; ", kEnvHelp);
+  return static_cast<int>(x);
+}
+
+/// Note [Rendezvous]: rank 0 serves a TcpStore on MASTER_ADDR:MASTER_PORT.
+/// Each rank claims its RANK (a second claim is an error) and posts its
+/// WORLD_SIZE; rank 0 checks that all agree and posts a verdict the others
+/// wait for, so a mismatch stops every rank with the same message.
+void init_from_env() {
+  const int size = env_int("WORLD_SIZE", 1, 1 << 20);
+  const int rank = env_int("RANK", 0, size - 1);
+  g_world.rank = rank;
+  g_world.size = size;
+  g_world.launched_by = size > 1 ? "env" : "single";
+  if (size == 1) return;
+  g_world.local_rank = env_int("LOCAL_RANK", 0, size - 1);
+  g_world.local_size = has_env("LOCAL_WORLD_SIZE") ? env_int("LOCAL_WORLD_SIZE", 1, size) : size;
+  const char* addr = std::getenv("MASTER_ADDR");
+  BT_CHECK(addr && *addr, "MASTER_ADDR is not set; ", kEnvHelp);
+  const int port = env_int("MASTER_PORT", 1, 65535);
+  const double timeout_s =
+      has_env("BT_RENDEZVOUS_TIMEOUT_S") ? std::atof(std::getenv("BT_RENDEZVOUS_TIMEOUT_S")) : 300;
+  BT_CHECK(timeout_s > 0, "BT_RENDEZVOUS_TIMEOUT_S must be > 0 seconds");
+  g_store = std::make_unique<TcpStore>(addr, port, rank == 0,
+                                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  TcpStore& st = *g_store;
+  BT_CHECK(st.add(cat("rank/", rank, "/claims"), 1) == 1, "RANK=", rank,
+           " is used by two processes; give every rank its own RANK in [0, WORLD_SIZE)");
+  st.set(cat("rank/", rank, "/world_size"), std::to_string(size));
+  if (rank == 0) {
+    std::string verdict = "ok";
+    for (int r = 1; r < size && verdict == "ok"; ++r) {
+      const std::string theirs = st.get(cat("rank/", r, "/world_size"));
+      if (theirs != std::to_string(size))
+        verdict = cat("world-size mismatch: rank 0 has WORLD_SIZE=", size, " but rank ", r,
+                      " has WORLD_SIZE=", theirs, "; start every rank with the same WORLD_SIZE");
+    }
+    st.set("verdict", verdict);
+    // Serve until every rank has read the verdict: a barrier, and on a
+    // mismatch every rank stops with the same message.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (st.add("verdict_read", 0) < size - 1) {
+      BT_CHECK(std::chrono::steady_clock::now() < deadline,
+               "rendezvous timeout: not every rank read rank 0's "
+               "verdict within ",
+               timeout_s, " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    BT_CHECK(verdict == "ok", verdict);
+  } else {
+    const std::string verdict = st.get("verdict");
+    st.add("verdict_read", 1);
+    BT_CHECK(verdict == "ok", verdict);
+  }
 }
 
 }  // namespace
@@ -57,13 +125,7 @@ const World& init_world() {
     g_world.mpi = true;
     g_world.launched_by = "mpi";
   } else if (has_env("RANK") || has_env("WORLD_SIZE") || has_env("LOCAL_RANK")) {
-    const char* ws = std::getenv("WORLD_SIZE");
-    BT_CHECK(
-        !ws || std::string(ws) == "1" || std::string(ws).empty(), "WORLD_SIZE=", ws ? ws : "",
-        " is set, but starting ranks from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, "
-        "MASTER_ADDR, MASTER_PORT) is not supported yet; start the job with `blutrain launch --nproc N -- "
-        "train ...` or mpirun/srun");
-    g_world.launched_by = "single";
+    init_from_env();  // Note [Rendezvous]
   } else {
     g_world.launched_by = "single";
   }
@@ -74,16 +136,22 @@ const World& init_world() {
 const World& world() { return g_world; }
 
 std::shared_ptr<ProcessGroup> cpu_group() {
-  BT_CHECK(g_world.mpi, "a CPU process group needs MPI: start the job with `blutrain launch` or mpirun");
+  BT_CHECK(
+      g_world.mpi, "collectives on CPU tensors need MPI: start the job with `blutrain launch` or mpirun",
+      g_store ? " (a torchrun-style job shares CUDA tensors only, through NCCL: use train.device=cuda)" : "");
   if (!g_cpu_group) g_cpu_group = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD);
   return g_cpu_group;
 }
 
 std::shared_ptr<ProcessGroup> device_group(const Device& d) {
   if (!d.is_cuda()) return cpu_group();
-  BT_CHECK(g_world.mpi, "a CUDA process group needs MPI to start: use `blutrain launch` or mpirun");
+  BT_CHECK(g_world.mpi || g_store,
+           "a CUDA process group needs MPI or a rendezvous: use `blutrain launch`, mpirun "
+           "or torchrun-style variables");
 #ifdef BT_NCCL
-  if (!g_gpu_group) g_gpu_group = std::make_shared<NcclProcessGroup>(MPI_COMM_WORLD, d);
+  if (!g_gpu_group)
+    g_gpu_group = g_world.mpi ? std::make_shared<NcclProcessGroup>(MPI_COMM_WORLD, d)
+                              : std::make_shared<NcclProcessGroup>(*g_store, g_world.rank, g_world.size, d);
   return g_gpu_group;
 #else
   BT_FAIL(
@@ -95,6 +163,14 @@ std::shared_ptr<ProcessGroup> device_group(const Device& d) {
 void finalize_world() {
   g_gpu_group.reset();
   g_cpu_group.reset();
+  if (g_store && g_world.size > 1) {
+    // Rank 0 serves the store: it leaves only when every rank is done with it.
+    g_store->add("finished", 1);
+    if (g_world.rank == 0)
+      while (g_store->add("finished", 0) < g_world.size)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  g_store.reset();
   if (g_world.mpi) {
     int finalized = 0;
     MPI_Finalized(&finalized);

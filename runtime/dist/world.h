@@ -6,8 +6,10 @@
 //      PMIX_RANK, PMI_RANK): MPI_Init_thread; rank and size from
 //      MPI_COMM_WORLD; the local rank from an MPI_COMM_TYPE_SHARED split
 //      (never from host names);
-//   2. torchrun-style variables (RANK, WORLD_SIZE, ...): not supported yet;
-//      a clear error says to start the job with mpirun or `blutrain launch`;
+//   2. torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+//      MASTER_PORT; Kubernetes): a TCP rendezvous served by rank 0 (Note
+//      [Rendezvous] in world.cpp; BT_RENDEZVOUS_TIMEOUT_S, default 300). Such
+//      a job shares CUDA tensors through NCCL; CPU collectives need MPI;
 //   3. neither: a world of one, and MPI is never initialized (unless the host
 //      program initialized it itself, as a singleton: then MPI is used).
 #pragma once

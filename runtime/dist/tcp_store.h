@@ -1,0 +1,54 @@
+// TcpStore: a small key-value store over TCP, the rendezvous of jobs started
+// without MPI (torchrun-style variables; Kubernetes Indexed Jobs). Rank 0
+// serves it on MASTER_ADDR:MASTER_PORT from a background thread; every rank,
+// rank 0 included, is a client.
+//
+// Protocol (one request, one reply, on a persistent connection):
+//   request  u8 op, u32 key length, key, u32 value length, value
+//   reply    SET: u8 1 | CHECK: u8 found, then u32 length + value if found |
+//            ADD: i64 new value (the value is a decimal integer)
+// Waiting for a key is the client polling CHECK until its deadline, so the
+// server never blocks on one client.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+
+namespace bt::dist {
+
+class TcpStore {
+ public:
+  /// Connects to host:port (retrying until `timeout`); with `serve`, first
+  /// listens on port (all interfaces; 0 picks a free port, see port()).
+  /// Throws bt::Error naming host:port when it cannot listen or connect.
+  TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout);
+  ~TcpStore();
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, const std::string& value);
+  /// The value of `key`, waiting for it to be set; throws bt::Error naming the
+  /// key after the timeout.
+  std::string get(const std::string& key);
+  /// Adds `delta` to the integer at `key` (0 if unset); returns the new value.
+  int64_t add(const std::string& key, int64_t delta);
+  /// The port served or connected to.
+  int port() const { return port_; }
+
+ private:
+  std::string request(uint8_t op, const std::string& key, const std::string& value);
+  void serve_loop();
+  void shutdown();  // closes the connection, stops and joins the server
+
+  std::string host_;
+  int port_ = 0;
+  std::chrono::milliseconds timeout_;
+  int listen_fd_ = -1, fd_ = -1, wake_[2] = {-1, -1};
+  std::thread server_;
+  std::map<std::string, std::string> data_;  // the server's table (server thread only)
+};
+
+}  // namespace bt::dist
