@@ -88,6 +88,13 @@ void init_from_env() {
     }
     BT_CHECK(verdict == "ok", verdict);
   } else {
+    // Rank 0 checks only the ranks below its own WORLD_SIZE: compare with it first.
+    const std::string zero = st.get("rank/0/world_size");
+    if (zero != std::to_string(size)) {
+      st.add("verdict_read", 1);
+      BT_FAIL("world-size mismatch: rank 0 has WORLD_SIZE=", zero, " but rank ", rank,
+              " has WORLD_SIZE=", size, "; start every rank with the same WORLD_SIZE");
+    }
     const std::string verdict = st.get("verdict");
     st.add("verdict_read", 1);
     BT_CHECK(verdict == "ok", verdict);

@@ -68,6 +68,14 @@ TEST_F(Rendezvous, WorldSizeMismatchStopsEveryRank) {
   EXPECT_EQ(n, 2u) << r.out;
 }
 
+TEST_F(Rendezvous, ARankBeyondRankZerosWorldStops) {
+  // Rank 0 and rank 1 agree on 2; a third process says 3 and takes RANK=2.
+  const test::CommandResult r = ranks({env(0, 2), env(1, 2), env(2, 3)});
+  EXPECT_NE(r.out.find("world-size mismatch: rank 0 has WORLD_SIZE=2 but rank 2 has WORLD_SIZE=3"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(Rendezvous, TwoProcessesWithOneRank) {
   const test::CommandResult r = ranks({env(0, 3), env(1, 3), env(1, 3)});
   EXPECT_NE(r.out.find("RANK=1 is used by two processes"), std::string::npos) << r.out;
