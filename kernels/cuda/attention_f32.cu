@@ -54,14 +54,12 @@
 #include <cmath>
 
 #include "kernels/cuda/attention_f32.cuh"
+#include "kernels/cuda/attention_tiled.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace bt::kernels::cuda::detail {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D_, int RM_, int RN_, int NW_, int KU_ = 1>
 struct Cfg {
@@ -80,32 +78,8 @@ struct Cfg {
   static_assert(BN % 32 == 0, "LP % 32 == 16 needs BN % 32 == 0");
 };
 
-struct F32Fwd {
-  const float* q;
-  const float* k;
-  const float* v;
-  float* o;
-  float* lse;
-  AttnStrides sq, sk, sv, so;
-  int64_t B, H, T, tiles;
-  float scale_log2;
-};
-
-struct F32Bwd {
-  const float* q;
-  const float* k;
-  const float* v;
-  const float* o;
-  const float* dout;
-  const float* lse;
-  float* di;  // written by the dQ pass, read by the dK/dV pass
-  float* dq;
-  float* dk;
-  float* dv;
-  AttnStrides sq, sk, sv, so, sdo, sdq, sdk, sdv;
-  int64_t B, H, T, tiles;
-  float scale, scale_log2;
-};
+using F32Fwd = AttnFwdParams<float>;
+using F32Bwd = AttnBwdParams<float>;
 
 /// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero, far below what
 /// changes a softmax sum that is at least 1).
@@ -574,65 +548,14 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(co
 }
 
 // ------------------------------------------------------------------ host side
-/// Every [b, h, t] row of the f32 view starts on a 16-byte boundary (strides of
-/// size-1 dims do not matter).
-bool rows_aligned16(const void* ptr, const AttnStrides& s, const AttnShape& sh) {
-  return ptr != nullptr && aligned_to(ptr, 16) && (sh.B == 1 || s.b % 4 == 0) &&
-         (sh.H == 1 || s.h % 4 == 0) && (sh.T == 1 || s.t % 4 == 0);
-}
-
-unsigned blocks_for(const AttnShape& s, int64_t tiles, const char* what) {
-  const int64_t blocks = s.B * s.H * tiles;
-  BT_CHECK(blocks > 0 && blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", s.B * s.H, ", tiles ",
-           tiles, ")");
-  return static_cast<unsigned>(blocks);
-}
-
-template <typename Kernel, typename Params>
-void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream, const Params& p) {
-  if (smem > 48 * 1024)
-    BT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<blocks, threads, smem, stream>>>(p);
-  BT_KERNEL_CHECK();
-}
-
 template <class C, int MINB>
 void launch_fwd(const AttnForward& a, cudaStream_t stream) {
-  F32Fwd p{};
-  p.q = static_cast<const float*>(a.q);
-  p.k = static_cast<const float*>(a.k);
-  p.v = static_cast<const float*>(a.v);
-  p.o = static_cast<float*>(a.o);
-  p.lse = a.lse;
-  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so;
-  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  F32Fwd p = fwd_params<float>(a);
   p.tiles = ceil_div(p.T, C::BM);
-  p.scale_log2 = a.scale * kLog2e;
   // Q, K, V, P (the kernel's shared-memory layout)
   constexpr size_t smem = sizeof(float) * (C::BM * C::LD + 2 * C::BN * C::LD + C::BM * C::LP);
   launch(attn_fwd_f32_kernel<C, MINB>, blocks_for(a.shape, p.tiles, "attention_forward"), C::kThreads, smem,
          stream, p);
-}
-
-F32Bwd bwd_params(const AttnBackward& a, float* di) {
-  F32Bwd p{};
-  p.q = static_cast<const float*>(a.q);
-  p.k = static_cast<const float*>(a.k);
-  p.v = static_cast<const float*>(a.v);
-  p.o = static_cast<const float*>(a.o);
-  p.dout = static_cast<const float*>(a.dout);
-  p.lse = a.lse;
-  p.di = di;
-  p.dq = static_cast<float*>(a.dq);
-  p.dk = static_cast<float*>(a.dk);
-  p.dv = static_cast<float*>(a.dv);
-  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so, p.sdo = a.sdo, p.sdq = a.sdq, p.sdk = a.sdk,
-  p.sdv = a.sdv;
-  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
-  p.scale = a.scale;
-  p.scale_log2 = a.scale * kLog2e;
-  return p;
 }
 
 template <class C, int MINB>
@@ -670,18 +593,13 @@ using Bwd32 = Cfg<32, 8, 4, 4, 2>;
 }  // namespace
 
 bool attention_forward_f32_ok(const AttnForward& a) {
-  const AttnShape& s = a.shape;
-  if (a.dt != DType::F32 || !(s.D == 32 || s.D == 64) || !std::isfinite(a.scale)) return false;
-  return rows_aligned16(a.q, a.sq, s) && rows_aligned16(a.k, a.sk, s) && rows_aligned16(a.v, a.sv, s) &&
-         rows_aligned16(a.o, a.so, s);
+  return a.dt == DType::F32 && (a.shape.D == 32 || a.shape.D == 64) && std::isfinite(a.scale) &&
+         rows_aligned16<float>(a);
 }
 
 bool attention_backward_f32_ok(const AttnBackward& a) {
-  const AttnShape& s = a.shape;
-  if (a.dt != DType::F32 || !(s.D == 32 || s.D == 64) || !std::isfinite(a.scale)) return false;
-  return rows_aligned16(a.q, a.sq, s) && rows_aligned16(a.k, a.sk, s) && rows_aligned16(a.v, a.sv, s) &&
-         rows_aligned16(a.o, a.so, s) && rows_aligned16(a.dout, a.sdo, s) && rows_aligned16(a.dq, a.sdq, s) &&
-         rows_aligned16(a.dk, a.sdk, s) && rows_aligned16(a.dv, a.sdv, s);
+  return a.dt == DType::F32 && (a.shape.D == 32 || a.shape.D == 64) && std::isfinite(a.scale) &&
+         rows_aligned16<float>(a);
 }
 
 void attention_forward_f32(const AttnForward& a, cudaStream_t stream) {
@@ -701,12 +619,12 @@ void attention_backward_f32(const AttnBackward& a, float* di, cudaStream_t strea
   // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
   switch (a.shape.D) {
     case 32:
-      launch_dq<Bwd32, 2>(bwd_params(a, di), a.shape, stream);
-      launch_dkdv<Bwd32, 2>(bwd_params(a, di), a.shape, stream);
+      launch_dq<Bwd32, 2>(bwd_params<float>(a, di), a.shape, stream);
+      launch_dkdv<Bwd32, 2>(bwd_params<float>(a, di), a.shape, stream);
       return;
     case 64:
-      launch_dq<Bwd64, 2>(bwd_params(a, di), a.shape, stream);
-      launch_dkdv<Bwd64, 2>(bwd_params(a, di), a.shape, stream);
+      launch_dq<Bwd64, 2>(bwd_params<float>(a, di), a.shape, stream);
+      launch_dkdv<Bwd64, 2>(bwd_params<float>(a, di), a.shape, stream);
       return;
     default:
       BT_ASSERT(false, "attention_backward_f32: unsupported D ", a.shape.D);

@@ -54,41 +54,15 @@
 #include <cmath>
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_tiled.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace bt::kernels::cuda::detail {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-struct MmaFwd {
-  const bf16_t* q;
-  const bf16_t* k;
-  const bf16_t* v;
-  bf16_t* o;
-  float* lse;
-  AttnStrides sq, sk, sv, so;
-  int64_t B, H, T, tiles;
-  float scale_log2;
-};
-
-struct MmaBwd {
-  const bf16_t* q;
-  const bf16_t* k;
-  const bf16_t* v;
-  const bf16_t* o;
-  const bf16_t* dout;
-  const float* lse;
-  float* di;  // written by the dQ pass, read by the dK/dV pass
-  bf16_t* dq;
-  bf16_t* dk;
-  bf16_t* dv;
-  AttnStrides sq, sk, sv, so, sdo, sdq, sdk, sdv;
-  int64_t B, H, T, tiles;
-  float scale, scale_log2;
-};
+using MmaFwd = AttnFwdParams<bf16_t>;
+using MmaBwd = AttnBwdParams<bf16_t>;
 
 /// Element offset of chunk `c` (8 bf16) of row `r` in a swizzled [rows][D] tile.
 template <int D>
@@ -657,65 +631,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
 }
 
 // ------------------------------------------------------------------ host side
-/// Every [b, h, t] row of the view starts on a 16-byte boundary (strides of
-/// size-1 dims do not matter).
-bool rows_aligned(const void* ptr, const AttnStrides& s, const AttnShape& sh) {
-  return ptr != nullptr && aligned_to(ptr, 16) && (sh.B == 1 || s.b % 8 == 0) &&
-         (sh.H == 1 || s.h % 8 == 0) && (sh.T == 1 || s.t % 8 == 0);
-}
-
-unsigned blocks_for(const AttnShape& s, int64_t tiles, const char* what) {
-  const int64_t blocks = s.B * s.H * tiles;
-  BT_CHECK(blocks > 0 && blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", s.B * s.H, ", tiles ",
-           tiles, ")");
-  return static_cast<unsigned>(blocks);
-}
-
-template <typename Kernel, typename Params>
-void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream, const Params& p) {
-  if (smem > 48 * 1024)
-    BT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<blocks, threads, smem, stream>>>(p);
-  BT_KERNEL_CHECK();
-}
-
 template <int D, int MT, int NW, int BN, int MINB>
 void launch_fwd(const AttnForward& a, cudaStream_t stream) {
   constexpr int BM = 16 * MT * NW;
-  MmaFwd p{};
-  p.q = static_cast<const bf16_t*>(a.q);
-  p.k = static_cast<const bf16_t*>(a.k);
-  p.v = static_cast<const bf16_t*>(a.v);
-  p.o = static_cast<bf16_t*>(a.o);
-  p.lse = a.lse;
-  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so;
-  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  MmaFwd p = fwd_params<bf16_t>(a);
   p.tiles = ceil_div(p.T, BM);
-  p.scale_log2 = a.scale * kLog2e;
   const size_t smem = static_cast<size_t>(BM + 4 * BN) * D * sizeof(bf16_t);
   launch(attn_fwd_mma_kernel<D, MT, NW, BN, MINB>, blocks_for(a.shape, p.tiles, "attention_forward"), NW * 32,
          smem, stream, p);
-}
-
-MmaBwd bwd_params(const AttnBackward& a, float* di) {
-  MmaBwd p{};
-  p.q = static_cast<const bf16_t*>(a.q);
-  p.k = static_cast<const bf16_t*>(a.k);
-  p.v = static_cast<const bf16_t*>(a.v);
-  p.o = static_cast<const bf16_t*>(a.o);
-  p.dout = static_cast<const bf16_t*>(a.dout);
-  p.lse = a.lse;
-  p.di = di;
-  p.dq = static_cast<bf16_t*>(a.dq);
-  p.dk = static_cast<bf16_t*>(a.dk);
-  p.dv = static_cast<bf16_t*>(a.dv);
-  p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so, p.sdo = a.sdo, p.sdq = a.sdq, p.sdk = a.sdk,
-  p.sdv = a.sdv;
-  p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
-  p.scale = a.scale;
-  p.scale_log2 = a.scale * kLog2e;
-  return p;
 }
 
 /// dK/dV pass: blocks of 16 * NW keys, query tiles of BM rows.
@@ -739,21 +662,15 @@ void launch_dq(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
 }  // namespace
 
 bool attention_forward_mma_ok(const AttnForward& a) {
-  const AttnShape& s = a.shape;
-  if (a.dt != DType::BF16 || !(s.D == 32 || s.D == 64 || s.D == 128) || !(a.scale > 0.0f) ||
-      std::isinf(a.scale))
-    return false;
-  return rows_aligned(a.q, a.sq, s) && rows_aligned(a.k, a.sk, s) && rows_aligned(a.v, a.sv, s) &&
-         rows_aligned(a.o, a.so, s);
+  const int64_t D = a.shape.D;
+  return a.dt == DType::BF16 && (D == 32 || D == 64 || D == 128) && a.scale > 0.0f && !std::isinf(a.scale) &&
+         rows_aligned16<bf16_t>(a);
 }
 
 bool attention_backward_mma_ok(const AttnBackward& a) {
-  const AttnShape& s = a.shape;
-  if (a.dt != DType::BF16 || !(s.D == 32 || s.D == 64) || !(a.scale > 0.0f) || std::isinf(a.scale))
-    return false;
-  return rows_aligned(a.q, a.sq, s) && rows_aligned(a.k, a.sk, s) && rows_aligned(a.v, a.sv, s) &&
-         rows_aligned(a.o, a.so, s) && rows_aligned(a.dout, a.sdo, s) && rows_aligned(a.dq, a.sdq, s) &&
-         rows_aligned(a.dk, a.sdk, s) && rows_aligned(a.dv, a.sdv, s);
+  const int64_t D = a.shape.D;
+  return a.dt == DType::BF16 && (D == 32 || D == 64) && a.scale > 0.0f && !std::isinf(a.scale) &&
+         rows_aligned16<bf16_t>(a);
 }
 
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
@@ -776,12 +693,12 @@ void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t strea
   // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
   switch (a.shape.D) {
     case 32:
-      launch_dq<32, 4, 32, 1>(bwd_params(a, di), a.shape, stream);
-      launch_dkdv<32, 4, 64, 1>(bwd_params(a, di), a.shape, stream);
+      launch_dq<32, 4, 32, 1>(bwd_params<bf16_t>(a, di), a.shape, stream);
+      launch_dkdv<32, 4, 64, 1>(bwd_params<bf16_t>(a, di), a.shape, stream);
       return;
     case 64:
-      launch_dq<64, 4, 32, 1>(bwd_params(a, di), a.shape, stream);
-      launch_dkdv<64, 4, 64, 3>(bwd_params(a, di), a.shape, stream);  // 3 blocks/SM beat no spills
+      launch_dq<64, 4, 32, 1>(bwd_params<bf16_t>(a, di), a.shape, stream);
+      launch_dkdv<64, 4, 64, 3>(bwd_params<bf16_t>(a, di), a.shape, stream);  // 3 blocks/SM beat no spills
       return;
     default:
       BT_ASSERT(false, "attention_backward_mma: unsupported D ", a.shape.D);

@@ -18,12 +18,7 @@ std::vector<Tensor> tensors_of(const std::vector<ParamSpec>& ps) {
 /// AdamW over whole parameters, two groups (decay / none): local and ddp.
 std::unique_ptr<AdamW> full_adamw(const std::vector<ParamSpec>& ps, const AdamWOptions& o) {
   std::vector<AdamW::Group> groups;
-  for (const ParamSpec& p : ps) {
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const AdamW::Group& g) { return g.weight_decay == p.weight_decay; });
-    if (it == groups.end()) it = groups.insert(groups.end(), AdamW::Group{{}, p.weight_decay});
-    it->params.push_back(p.param);
-  }
+  for (const ParamSpec& p : ps) add_to_group(groups, p.param, p.weight_decay);
   return std::make_unique<AdamW>(std::move(groups), o);
 }
 
@@ -70,6 +65,13 @@ class DdpStrategy : public LocalStrategy {
 };
 
 }  // namespace
+
+void add_to_group(std::vector<AdamW::Group>& groups, const Tensor& t, double wd) {
+  auto it =
+      std::find_if(groups.begin(), groups.end(), [&](const AdamW::Group& g) { return g.weight_decay == wd; });
+  if (it == groups.end()) it = groups.insert(groups.end(), AdamW::Group{{}, wd});
+  it->params.push_back(t);
+}
 
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o, std::vector<ParamSpec> params,
                                         std::shared_ptr<ProcessGroup> pg) {

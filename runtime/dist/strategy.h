@@ -54,6 +54,10 @@ struct StrategyOptions {
   double bucket_mb = 25.0;
 };
 
+/// Appends `t` to the AdamW group with weight decay `wd`, creating the group
+/// on first use (groups stay in order of first appearance).
+void add_to_group(std::vector<AdamW::Group>& groups, const Tensor& t, double wd);
+
 /// `params`: the model's parameters in forward order (f32 leaves on one
 /// device). `pg` may be null only for "local". Throws bt::Error for an
 /// unknown name.

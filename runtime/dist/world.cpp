@@ -108,9 +108,7 @@ const World& init_world() {
   int already = 0;
   BT_MPI_CHECK(MPI_Initialized(&already));
   if (started_by_mpi() || already) {  // already: the host program initialized MPI (a singleton, say)
-    int inited = 0;
-    BT_MPI_CHECK(MPI_Initialized(&inited));
-    if (!inited) {
+    if (!already) {
       int provided = 0;
       // MULTIPLE: the NCCL group's watchdog thread asks MPI who has arrived.
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);

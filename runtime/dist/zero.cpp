@@ -50,11 +50,7 @@ ZeroStrategy::ZeroStrategy(int stage, const AdamWOptions& o, std::vector<ParamSp
     Tensor piece = flat_param_.narrow(0, a, b - a);
     piece.set_grad(stage_ == 1 ? flat_grad_.narrow(0, a, b - a) : shard_grad_.narrow(0, a - lo, b - a));
     pieces_.push_back(piece);
-    const double wd = params_[i].weight_decay;
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const AdamW::Group& g) { return g.weight_decay == wd; });
-    if (it == groups.end()) it = groups.insert(groups.end(), AdamW::Group{{}, wd});
-    it->params.push_back(piece);
+    add_to_group(groups, piece, params_[i].weight_decay);
   }
   opt_ = std::make_unique<AdamW>(std::move(groups), o);
 }

@@ -17,9 +17,13 @@
 namespace bt::train {
 
 Device resolve_device(const std::string& spec, int local_rank) {
-  const Device d = spec == "auto"
-                       ? (cuda_available() ? Device::cuda(local_rank % cuda_device_count()) : Device::cpu())
-                       : parse_device(spec);
+  Device d;
+  if (spec == "auto")
+    d = cuda_available() ? Device::cuda(local_rank % cuda_device_count()) : Device::cpu();
+  else if (spec == "cuda")
+    d = Device::cuda(local_rank);  // one GPU per rank on a host
+  else
+    d = parse_device(spec);
   check_device_usable(d);
   return d;
 }
@@ -37,9 +41,7 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
   world_ = w.size;
   cfg_.validate(world_);
   accum_ = cfg_.grad_accum(world_);
-  std::string dev = cfg_.train.device;
-  if (world_ > 1 && dev == "cuda") dev = cat("cuda:", w.local_rank);  // one GPU per rank on a host
-  device_ = resolve_device(dev, w.local_rank);
+  device_ = resolve_device(cfg_.train.device, w.local_rank);
   set_current_device(device_);  // each rank selects its GPU (cuda:local_rank)
   set_precision(parse_precision(cfg_.train.precision));
   const TrainOptions& t = cfg_.train;

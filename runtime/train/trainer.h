@@ -82,7 +82,8 @@ class Trainer {
   double mean_over_ranks(double v);
 };
 
-/// "auto" -> cuda:local_rank when a device is visible, else cpu; otherwise parse_device.
+/// "auto" -> cuda:local_rank when a device is visible, else cpu; "cuda" ->
+/// cuda:local_rank; otherwise parse_device.
 Device resolve_device(const std::string& spec, int local_rank = 0);
 /// The peak memory figure StepStats reports for `d`.
 uint64_t peak_memory_bytes(const Device& d);

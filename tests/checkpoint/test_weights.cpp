@@ -18,6 +18,7 @@
 #include "checkpoint/h5_check.h"
 #include "checkpoint/weights.h"
 #include "runtime/tensor/factory.h"
+#include "tests/support/error_message.h"
 #include "tests/support/fetched_data.h"
 #include "tests/support/temp_dir.h"
 
@@ -89,18 +90,6 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
   const Tensor ca = a.contiguous(), cb = b.contiguous();
   return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
-}
-
-/// The bt::Error message of `fn`, or "" (and a test failure) if it does not throw.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a bt::Error";
-  return "";
 }
 
 #define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "message: " << (msg)
@@ -231,21 +220,21 @@ TEST(Weights, LoadIntoNamesTheMissingExtraOrMisshapenTensor) {
   // Missing: the model has a parameter the file lacks.
   Named more = zeros_like_all(named);
   more.emplace_back("h.2.ln_1.weight", zeros({8}));
-  std::string m = error_of([&] { load_into(f, more); });
+  std::string m = test::error_message([&] { load_into(f, more); });
   EXPECT_HAS(m, "has no tensor 'h.2.ln_1.weight'");
   EXPECT_HAS(m, path);
 
   // Extra: the file has a tensor the model lacks.
   Named fewer = zeros_like_all(named);
   fewer.erase(fewer.begin() + 5);  // h.0.attn.c_attn.bias
-  m = error_of([&] { load_into(f, fewer); });
+  m = test::error_message([&] { load_into(f, fewer); });
   EXPECT_HAS(m, "'h.0.attn.c_attn.bias'");
   EXPECT_HAS(m, "does not have");
 
   // Shape mismatch: both shapes in the message; nothing is copied on failure.
   Named wrong = zeros_like_all(named);
   wrong[4].second = zeros({24, 4});  // h.0.attn.c_attn.weight is [24, 8]
-  m = error_of([&] { load_into(f, wrong); });
+  m = test::error_message([&] { load_into(f, wrong); });
   EXPECT_HAS(m, "'h.0.attn.c_attn.weight'");
   EXPECT_HAS(m, "[24, 8]");
   EXPECT_HAS(m, "[24, 4]");
@@ -259,15 +248,15 @@ TEST(Weights, CheckWeightAttrsNamesTheMismatch) {
   const WeightFile f = load_weights(path);
   check_weight_attrs(f, kAttrs);
   check_weight_attrs(f, {{"n_layer", 2}});
-  std::string m = error_of([&] { check_weight_attrs(f, {{"n_layer", 12}}); });
+  std::string m = test::error_message([&] { check_weight_attrs(f, {{"n_layer", 12}}); });
   EXPECT_HAS(m, "n_layer = 2");
   EXPECT_HAS(m, "n_layer = 12");
-  m = error_of([&] { check_weight_attrs(f, {{"n_kv_head", 2}}); });
+  m = test::error_message([&] { check_weight_attrs(f, {{"n_kv_head", 2}}); });
   EXPECT_HAS(m, "no attribute 'n_kv_head'");
 }
 
 TEST(Weights, MissingFileIsAClearError) {
-  const std::string m = error_of([] { load_weights("/nonexistent/dir/w.h5"); });
+  const std::string m = test::error_message([] { load_weights("/nonexistent/dir/w.h5"); });
   EXPECT_HAS(m, "'/nonexistent/dir/w.h5' does not exist");
 }
 
@@ -278,12 +267,12 @@ TEST(Weights, GarbageFileIsNotHdf5) {
     std::ofstream o(path, std::ios::binary);
     for (int i = 0; i < 4096; ++i) o.put(static_cast<char>((i * 131 + 7) & 0xff));
   }
-  const std::string m = error_of([&] { load_weights(path); });
+  const std::string m = test::error_message([&] { load_weights(path); });
   EXPECT_HAS(m, path);
   EXPECT_HAS(m, "not an HDF5 file");
   // An empty file too.
   std::ofstream(dir.file("empty.h5")).close();
-  EXPECT_HAS(error_of([&] { load_weights(dir.file("empty.h5")); }), "not an HDF5 file");
+  EXPECT_HAS(test::error_message([&] { load_weights(dir.file("empty.h5")); }), "not an HDF5 file");
 }
 
 TEST(Weights, TruncatedFileIsAClearError) {
@@ -295,7 +284,7 @@ TEST(Weights, TruncatedFileIsAClearError) {
     const std::string cut = dir.file("cut.h5");
     fs::copy_file(path, cut, fs::copy_options::overwrite_existing);
     fs::resize_file(cut, keep);
-    const std::string m = error_of([&] { load_weights(cut); });
+    const std::string m = test::error_message([&] { load_weights(cut); });
     EXPECT_HAS(m, cut);
     EXPECT_HAS(m, "truncated");
   }
@@ -307,25 +296,25 @@ TEST(Weights, WrongFormatOrVersionIsRefused) {
     RawFile r(dir.file("other.h5"));
     r.header("pytorch-state-dict");
   }
-  std::string m = error_of([&] { load_weights(dir.file("other.h5")); });
+  std::string m = test::error_message([&] { load_weights(dir.file("other.h5")); });
   EXPECT_HAS(m, "format 'pytorch-state-dict'");
   EXPECT_HAS(m, "expected 'blutrain-weights'");
   {
     RawFile r(dir.file("none.h5"));
     r.dataset<float>("wte", {1}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {1.0f});
   }
-  EXPECT_HAS(error_of([&] { load_weights(dir.file("none.h5")); }), "no 'format' attribute");
+  EXPECT_HAS(test::error_message([&] { load_weights(dir.file("none.h5")); }), "no 'format' attribute");
   {
     RawFile r(dir.file("v2.h5"));
     r.header(kWeightsFormat, 2);
   }
-  EXPECT_HAS(error_of([&] { load_weights(dir.file("v2.h5")); }), "has version 2");
+  EXPECT_HAS(test::error_message([&] { load_weights(dir.file("v2.h5")); }), "has version 2");
   {
     RawFile r(dir.file("fattr.h5"));
     r.header();
     r.scalar_attr("n_layer", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 4.0);
   }
-  m = error_of([&] { load_weights(dir.file("fattr.h5")); });
+  m = test::error_message([&] { load_weights(dir.file("fattr.h5")); });
   EXPECT_HAS(m, "attribute 'n_layer' is a float");
 }
 
@@ -336,36 +325,42 @@ TEST(Weights, NonFloat32DatasetsAndGroupsAreRefused) {
     r.header();
     r.dataset<double>("wte", {2}, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {1.0, 2.0});
   }
-  std::string m = error_of([&] { load_weights(dir.file("f64.h5")); });
+  std::string m = test::error_message([&] { load_weights(dir.file("f64.h5")); });
   EXPECT_HAS(m, "tensor 'wte' is a 64-bit float dataset, expected float32");
   {
     RawFile r(dir.file("group.h5"));
     r.header();
     H5Gclose(BT_H5_CHECK(H5Gcreate2(r.id, "h", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
   }
-  m = error_of([&] { load_weights(dir.file("group.h5")); });
+  m = test::error_message([&] { load_weights(dir.file("group.h5")); });
   EXPECT_HAS(m, "root object 'h' is not a dataset");
 }
 
 TEST(Weights, SaveRefusesBadInputsAndMissingDirectory) {
   test::TempDir dir("bt_weights");
   const Tensor t = zeros({2});
-  std::string m = error_of([&] { save_weights(dir.file("nodir/w.h5"), {{"a", t}}, {}); });
+  std::string m = test::error_message([&] { save_weights(dir.file("nodir/w.h5"), {{"a", t}}, {}); });
   EXPECT_HAS(m, "does not exist");
   EXPECT_HAS(m, "nodir");
   EXPECT_FALSE(fs::exists(dir.file("nodir")));
-  EXPECT_HAS(error_of([&] {
+  EXPECT_HAS(test::error_message([&] {
                save_weights(dir.file("w.h5"), {{"a", t}, {"a", t}}, {});
              }),
              "'a' is given twice");
-  EXPECT_HAS(error_of([&] { save_weights(dir.file("w.h5"), {{"h/0", t}}, {}); }), "contains '/'");
-  EXPECT_HAS(error_of([&] { save_weights(dir.file("w.h5"), {{"", t}}, {}); }), "empty name");
-  EXPECT_HAS(error_of([&] {
+  EXPECT_HAS(test::error_message([&] { save_weights(dir.file("w.h5"), {{"h/0", t}}, {}); }), "contains '/'");
+  EXPECT_HAS(test::error_message([&] { save_weights(dir.file("w.h5"), {{"", t}}, {}); }), "empty name");
+  EXPECT_HAS(test::error_message([&] {
                save_weights(dir.file("w.h5"), {{"i", zeros({2}, {DType::I32})}}, {});
              }),
              "'i' has dtype");
-  EXPECT_HAS(error_of([&] { save_weights(dir.file("w.h5"), {{"a", t}}, {{"version", 2}}); }), "reserved");
-  EXPECT_HAS(error_of([&] { save_weights(dir.path().string(), {{"a", t}}, {}); }), "is a directory");
+  EXPECT_HAS(test::error_message([&] {
+               save_weights(dir.file("w.h5"), {{"a", t}}, {{"version", 2}});
+             }),
+             "reserved");
+  EXPECT_HAS(test::error_message([&] {
+               save_weights(dir.path().string(), {{"a", t}}, {});
+             }),
+             "is a directory");
   EXPECT_FALSE(fs::exists(dir.file("w.h5")));
 }
 
@@ -378,7 +373,7 @@ TEST(Weights, FailedSaveLeavesTheExistingFileIntact) {
 
   // Make PATH.tmp impossible to create as a file.
   fs::create_directory(path + ".tmp");
-  const std::string m = error_of([&] { save_weights(path, gpt_like(6), kAttrs); });
+  const std::string m = test::error_message([&] { save_weights(path, gpt_like(6), kAttrs); });
   EXPECT_HAS(m, path + ".tmp");
   EXPECT_TRUE(fs::is_directory(path + ".tmp")) << "a save must not delete what it did not create";
   EXPECT_EQ(fs::file_size(path), before);

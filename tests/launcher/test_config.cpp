@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/config.h"
+#include "tests/support/error_message.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt::launcher {
@@ -19,12 +20,7 @@ class ConfigTest : public ::testing::Test {
     return p;
   }
   std::string error_of(const std::string& path, const std::vector<std::string>& sets = {}) {
-    try {
-      load_train_config(path, sets);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
+    return test::error_message([&] { load_train_config(path, sets); });
   }
   test::TempDir dir_{"bt_config"};
   int n_ = 0;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "tests/support/files.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -27,13 +28,6 @@ using namespace std::chrono_literals;
 
 using Result = test::CommandResult;
 Result run(const std::string& cmd) { return test::run_command(cmd); }
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 class Launch : public ::testing::Test {
  protected:
@@ -60,7 +54,8 @@ TEST_F(Launch, ShowsRankZeroAndLogsEveryRank) {
   // Rank 0 on the terminal, once; rank 1 only in its file.
   EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("rank 1: done"), std::string::npos) << r.out;
-  const std::string l0 = read_file(logs() + "/rank-0.log"), l1 = read_file(logs() + "/rank-1.log");
+  const std::string l0 = test::read_file(logs() + "/rank-0.log"),
+                    l1 = test::read_file(logs() + "/rank-1.log");
   EXPECT_NE(l0.find("rank 0 of 2, pid "), std::string::npos) << l0;
   EXPECT_NE(l0.find("done: 3 steps"), std::string::npos) << l0;
   EXPECT_NE(l1.find("rank 1 of 2, pid "), std::string::npos) << l1;
@@ -77,7 +72,7 @@ TEST_F(Launch, AKilledRankEndsTheJobAndIsNamed) {
   long pid = 0;
   for (int i = 0; i < 600 && pid == 0; ++i) {  // up to 60 s for rank 1 to start stepping
     std::this_thread::sleep_for(100ms);
-    const std::string l = read_file(log1);
+    const std::string l = test::read_file(log1);
     std::smatch m;
     if (l.find("step ") != std::string::npos && std::regex_search(l, m, std::regex("pid (\\d+)")))
       pid = std::stol(m[1]);
@@ -85,15 +80,15 @@ TEST_F(Launch, AKilledRankEndsTheJobAndIsNamed) {
   if (pid == 0) {
     (void)std::system(("pkill -KILL -f " + glob_).c_str());
     job.join();
-    FAIL() << "rank 1 never started training: " << read_file(out) << read_file(log1);
+    FAIL() << "rank 1 never started training: " << test::read_file(out) << test::read_file(log1);
   }
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(static_cast<pid_t>(pid), SIGKILL), 0);
   job.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string text = read_file(out);
+  const std::string text = test::read_file(out);
   EXPECT_LT(secs, 60.0) << text;
-  EXPECT_NE(std::stoi(read_file(dir_.file("status"))), 0) << text;
+  EXPECT_NE(std::stoi(test::read_file(dir_.file("status"))), 0) << text;
   EXPECT_NE(text.find("blutrain launch: rank 1 was killed by signal 9"), std::string::npos) << text;
   std::printf("the launcher exited %.1f s after rank 1 was killed\n", secs);
 }

@@ -19,6 +19,7 @@
 #include "runtime/data/bpe.h"
 #include "runtime/data/shard.h"
 #include "tests/support/fetched_data.h"
+#include "tests/support/files.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -26,19 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Tokens = std::vector<uint16_t>;
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string quoted(const std::string& s) {
-  std::string o = "'";
-  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return o + "'";
-}
 
 struct Result {
   int rc;
@@ -50,10 +38,10 @@ class TokenizeCmd : public ::testing::Test {
   // Runs `blutrain tokenize ARGS` (ARGS already quoted as needed).
   Result tokenize(const std::string& args) {
     const std::string out = tmp_.file("stdout"), err = tmp_.file("stderr");
-    const std::string cmd =
-        quoted(BT_BLUTRAIN_EXE) + " tokenize " + args + " >" + quoted(out) + " 2>" + quoted(err);
+    const std::string cmd = test::shell_quote(BT_BLUTRAIN_EXE) + " tokenize " + args + " >" +
+                            test::shell_quote(out) + " 2>" + test::shell_quote(err);
     const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_all(out), read_all(err)};
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, test::read_file(out), test::read_file(err)};
   }
 
   // Writes a document of about `words` words and returns its path.
@@ -72,7 +60,7 @@ class TokenizeCmd : public ::testing::Test {
   // The tokens of a document as the shards must hold them: EOT, then encode().
   Tokens doc_tokens(const Gpt2Tokenizer& tok, const std::string& path) {
     Tokens t{static_cast<uint16_t>(tok.eot())};
-    for (int32_t id : tok.encode(read_all(path))) t.push_back(static_cast<uint16_t>(id));
+    for (int32_t id : tok.encode(test::read_file(path))) t.push_back(static_cast<uint16_t>(id));
     return t;
   }
 
@@ -97,7 +85,7 @@ class TokenizeCmd : public ::testing::Test {
     if (!tok_) tok_ = std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load(tokenizer_dir()));
     return *tok_;
   }
-  std::string tok_arg() const { return " --tokenizer " + quoted(tokenizer_dir()); }
+  std::string tok_arg() const { return " --tokenizer " + test::shell_quote(tokenizer_dir()); }
 
   test::TempDir tmp_{"bt_tokenize_test"};
   std::unique_ptr<Gpt2Tokenizer> tok_;
@@ -119,7 +107,8 @@ TEST_F(TokenizeCmd, LastDocumentsGoToVal) {
   const std::string prefix = tmp_.file("out/sub/tok");  // folders are created
 
   // F = 0.1: c alone (about 9% of the tokens) is closest to 10%.
-  Result r = tokenize(quoted(a) + " " + quoted(b) + " " + quoted(c) + " -o " + quoted(prefix) + tok_arg());
+  Result r = tokenize(test::shell_quote(a) + " " + test::shell_quote(b) + " " + test::shell_quote(c) +
+                      " -o " + test::shell_quote(prefix) + tok_arg());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(read_split(prefix, "train"), cat({ta, tb}));
   EXPECT_EQ(read_split(prefix, "val"), tc);
@@ -128,8 +117,8 @@ TEST_F(TokenizeCmd, LastDocumentsGoToVal) {
       << r.out;
 
   // F = 0.5: b and c (about 55%) are closer to half than c alone.
-  r = tokenize(quoted(a) + " " + quoted(b) + " " + quoted(c) + " -o " + quoted(prefix) +
-               " --val-fraction 0.5" + tok_arg());
+  r = tokenize(test::shell_quote(a) + " " + test::shell_quote(b) + " " + test::shell_quote(c) + " -o " +
+               test::shell_quote(prefix) + " --val-fraction 0.5" + tok_arg());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(read_split(prefix, "train"), ta);
   EXPECT_EQ(read_split(prefix, "val"), cat({tb, tc}));
@@ -142,7 +131,8 @@ TEST_F(TokenizeCmd, OneDocumentKeepsItsTailForVal) {
   const auto n = static_cast<int64_t>(t.size() - 1);
   const auto v = static_cast<int64_t>(std::llround(0.25 * static_cast<double>(n)));
   const std::string prefix = tmp_.file("one");
-  const Result r = tokenize(quoted(a) + " -o " + quoted(prefix) + " --val-fraction 0.25" + tok_arg());
+  const Result r = tokenize(test::shell_quote(a) + " -o " + test::shell_quote(prefix) +
+                            " --val-fraction 0.25" + tok_arg());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(read_split(prefix, "train"), Tokens(t.begin(), t.end() - v));
   EXPECT_EQ(read_split(prefix, "val"), cat({Tokens{t[0]}, Tokens(t.end() - v, t.end())}));
@@ -167,12 +157,13 @@ TEST_F(TokenizeCmd, PrepareJargonScriptJoinsParagraphs) {
          "   A sacrificial file used to test a computer virus, i.e. a dummy executable\n"
          "   that carries   a sample. \n"
          "\n\n";
-  const std::string cmd = "DATA_DIR=" + quoted(data) + " " +
-                          quoted(std::string(BT_SOURCE_DIR) + "/scripts/prepare-jargon") + " " +
-                          quoted(BT_BLUTRAIN_EXE) + " >" + quoted(tmp_.file("prep.log")) + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(tmp_.file("prep.log"));
+  const std::string cmd = "DATA_DIR=" + test::shell_quote(data) + " " +
+                          test::shell_quote(std::string(BT_SOURCE_DIR) + "/scripts/prepare-jargon") + " " +
+                          test::shell_quote(BT_BLUTRAIN_EXE) + " >" +
+                          test::shell_quote(tmp_.file("prep.log")) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << test::read_file(tmp_.file("prep.log"));
 
-  const std::string prose = read_all(data + "/jargon/prose.txt");
+  const std::string prose = test::read_file(data + "/jargon/prose.txt");
   EXPECT_EQ(
       prose,
       "The Jargon File\n:goat file:\n"
@@ -186,9 +177,9 @@ TEST_F(TokenizeCmd, PrepareJargonScriptJoinsParagraphs) {
   EXPECT_EQ(train, t);
 
   // A second run leaves the fresh shards alone.
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(tmp_.file("prep.log"));
-  EXPECT_NE(read_all(tmp_.file("prep.log")).find("up to date"), std::string::npos)
-      << read_all(tmp_.file("prep.log"));
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << test::read_file(tmp_.file("prep.log"));
+  EXPECT_NE(test::read_file(tmp_.file("prep.log")).find("up to date"), std::string::npos)
+      << test::read_file(tmp_.file("prep.log"));
 }
 
 TEST_F(TokenizeCmd, ShardsRollOverAndStaleOnesGo) {
@@ -196,7 +187,7 @@ TEST_F(TokenizeCmd, ShardsRollOverAndStaleOnesGo) {
   const std::string a = write_doc("a.txt", 700, 5), b = write_doc("b.txt", 500, 6);
   const Tokens all = cat({doc_tokens(tok(), a), doc_tokens(tok(), b)});
   const std::string prefix = tmp_.file("roll");
-  Result r = tokenize(quoted(a) + " " + quoted(b) + " -o " + quoted(prefix) +
+  Result r = tokenize(test::shell_quote(a) + " " + test::shell_quote(b) + " -o " + test::shell_quote(prefix) +
                       " --val-fraction 0 --shard-tokens 100" + tok_arg());
   ASSERT_EQ(r.rc, 0) << r.err;
   std::vector<int64_t> sizes;
@@ -207,7 +198,7 @@ TEST_F(TokenizeCmd, ShardsRollOverAndStaleOnesGo) {
   EXPECT_FALSE(fs::exists(prefix + "_val_000000.bin"));
 
   // A second run with bigger shards leaves only its own shards behind.
-  r = tokenize(quoted(a) + " " + quoted(b) + " -o " + quoted(prefix) +
+  r = tokenize(test::shell_quote(a) + " " + test::shell_quote(b) + " -o " + test::shell_quote(prefix) +
                " --val-fraction 0 --shard-tokens 1000000" + tok_arg());
   ASSERT_EQ(r.rc, 0) << r.err;
   sizes.clear();
@@ -219,22 +210,22 @@ TEST_F(TokenizeCmd, ShardsRollOverAndStaleOnesGo) {
 
 TEST_F(TokenizeCmd, MissingTokenizerSaysToFetch) {
   const std::string a = write_doc("a.txt", 10, 7);
-  const Result r = tokenize(quoted(a) + " -o " + quoted(tmp_.file("x")) + " --tokenizer " +
-                            quoted(tmp_.file("no_tokenizer")));
+  const Result r = tokenize(test::shell_quote(a) + " -o " + test::shell_quote(tmp_.file("x")) +
+                            " --tokenizer " + test::shell_quote(tmp_.file("no_tokenizer")));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("scripts/fetch-data tokenizer"), std::string::npos) << r.err;
 }
 
 TEST_F(TokenizeCmd, BadInputsFailNamingThem) {
   const std::string a = write_doc("a.txt", 10, 8);
-  const std::string out = " -o " + quoted(tmp_.file("x"));
+  const std::string out = " -o " + test::shell_quote(tmp_.file("x"));
   const std::string missing = tmp_.file("missing.txt");
-  Result r = tokenize(quoted(a) + " " + quoted(missing) + out);
+  Result r = tokenize(test::shell_quote(a) + " " + test::shell_quote(missing) + out);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
 
-  r = tokenize(quoted(tmp_.path().string()) + out);
+  r = tokenize(test::shell_quote(tmp_.path().string()) + out);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("is a folder"), std::string::npos) << r.err;
 
@@ -242,14 +233,14 @@ TEST_F(TokenizeCmd, BadInputsFailNamingThem) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("input"), std::string::npos) << r.err;
 
-  r = tokenize(quoted(a));
+  r = tokenize(test::shell_quote(a));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("-o PREFIX"), std::string::npos) << r.err;
 }
 
 TEST_F(TokenizeCmd, BadOptionsFailNamingThem) {
   const std::string a = write_doc("a.txt", 10, 9);
-  const std::string base = quoted(a) + " -o " + quoted(tmp_.file("x"));
+  const std::string base = test::shell_quote(a) + " -o " + test::shell_quote(tmp_.file("x"));
   for (const char* f : {"1", "1.5", "-0.1", "abc", "0.2x", "nan"}) {
     const Result r = tokenize(base + " --val-fraction " + f);
     EXPECT_NE(r.rc, 0) << f;
@@ -266,7 +257,7 @@ TEST_F(TokenizeCmd, UnwritableOutputFails) {
   const std::string a = write_doc("a.txt", 10, 10);
   // A prefix under a regular file: no folder can be made there, even as root.
   const std::string prefix = a + "/sub/tok";
-  const Result r = tokenize(quoted(a) + " -o " + quoted(prefix));
+  const Result r = tokenize(test::shell_quote(a) + " -o " + test::shell_quote(prefix));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("output folder"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(a + "/sub"), std::string::npos) << r.err;

@@ -20,6 +20,7 @@
 #include "kernels/common/error.h"
 #include "runtime/data/bpe.h"
 #include "runtime/data/unicode.h"
+#include "tests/support/error_message.h"
 #include "tests/support/fetched_data.h"
 #include "tests/support/temp_dir.h"
 
@@ -27,16 +28,6 @@ namespace bt {
 namespace {
 
 using Pieces = std::vector<std::string_view>;
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected bt::Error";
-  return "";
-}
 
 // ------------------------------------------------------------ pre-tokenizer (no files)
 
@@ -196,7 +187,7 @@ TEST(Gpt2TokenizerMini, LongWordsMergeFully) {
 // ------------------------------------------------------------ load errors (no files)
 
 TEST(Gpt2TokenizerLoad, MissingFolderSaysToFetch) {
-  const std::string msg = message_of([] { Gpt2Tokenizer::load("/nonexistent/bt_tokenizer"); });
+  const std::string msg = test::error_message([] { Gpt2Tokenizer::load("/nonexistent/bt_tokenizer"); });
   EXPECT_NE(msg.find("/nonexistent/bt_tokenizer/encoder.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("scripts/fetch-data tokenizer"), std::string::npos) << msg;
 }
@@ -204,7 +195,7 @@ TEST(Gpt2TokenizerLoad, MissingFolderSaysToFetch) {
 TEST(Gpt2TokenizerLoad, MissingVocabBpe) {
   const MiniVocab v(Merges{{"a", "b"}});
   std::filesystem::remove(v.dir.file("vocab.bpe"));
-  const std::string msg = message_of([&] { v.load(); });
+  const std::string msg = test::error_message([&] { v.load(); });
   EXPECT_NE(msg.find(v.dir.file("vocab.bpe")), std::string::npos) << msg;
   EXPECT_NE(msg.find("scripts/fetch-data tokenizer"), std::string::npos) << msg;
 }
@@ -212,7 +203,7 @@ TEST(Gpt2TokenizerLoad, MissingVocabBpe) {
 void expect_corrupt(const MiniVocab& v, const std::string& file, const std::string& content,
                     const std::string& says) {
   std::ofstream(v.dir.file(file), std::ios::binary | std::ios::trunc) << content;
-  const std::string msg = message_of([&] { v.load(); });
+  const std::string msg = test::error_message([&] { v.load(); });
   EXPECT_NE(msg.find(v.dir.file(file)), std::string::npos) << msg;
   EXPECT_NE(msg.find(says), std::string::npos) << msg;
   EXPECT_NE(msg.find("scripts/fetch-data tokenizer"), std::string::npos) << msg;
@@ -281,7 +272,7 @@ TEST_F(Gpt2, DecodesSingleTokensAndRejectsBadIds) {
   EXPECT_EQ(tok().decode(995), " world");
   EXPECT_EQ(tok().decode(50256), "<|endoftext|>");
   EXPECT_EQ(tok().decode(Ids{15496, 995}), "Hello world");
-  const std::string msg = message_of([&] { tok().decode(50257); });
+  const std::string msg = test::error_message([&] { tok().decode(50257); });
   EXPECT_NE(msg.find("50257"), std::string::npos) << msg;
   EXPECT_THROW(tok().decode(-1), Error);
   EXPECT_THROW(tok().decode(Ids{1, 2, 99999}), Error);

@@ -20,25 +20,13 @@
 #include "runtime/data/bpe.h"
 #include "runtime/data/unicode.h"
 #include "tests/support/fetched_data.h"
+#include "tests/support/files.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
 namespace {
 
 using Ids = std::vector<int32_t>;
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string quoted(const std::string& s) {
-  std::string o = "'";
-  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return o + "'";
-}
 
 // Printable rendering of bytes for failure messages.
 std::string show(std::string_view s) {
@@ -78,23 +66,25 @@ class Golden : public ::testing::Test {
   // Encodes every document here and with Encoder.js and compares.
   void compare_with_node(const std::vector<std::string>& docs) {
     test::TempDir tmp("bt_bpe_golden");
-    std::string cmd = "node " + quoted(std::string(BT_SOURCE_DIR) + "/tests/runtime/data/encode_golden.js") +
-                      " " + quoted(dir());
+    std::string cmd = "node " +
+                      test::shell_quote(std::string(BT_SOURCE_DIR) + "/tests/runtime/data/encode_golden.js") +
+                      " " + test::shell_quote(dir());
     size_t bytes = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
       const std::string f = tmp.file("doc" + std::to_string(d) + ".txt");
       std::ofstream(f, std::ios::binary) << docs[d];
-      cmd += " " + quoted(f);
+      cmd += " " + test::shell_quote(f);
       bytes += docs[d].size();
     }
     const std::string err = tmp.file("node.err");
-    ASSERT_EQ(std::system((cmd + " 2>" + quoted(err)).c_str()), 0) << cmd << "\n" << read_all(err);
+    ASSERT_EQ(std::system((cmd + " 2>" + test::shell_quote(err)).c_str()), 0) << cmd << "\n"
+                                                                              << test::read_file(err);
 
     size_t tokens = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
       const std::string f = tmp.file("doc" + std::to_string(d) + ".txt");
       Ids want;
-      std::istringstream is(read_all(f + ".ids"));
+      std::istringstream is(test::read_file(f + ".ids"));
       for (int32_t x; is >> x;) want.push_back(x);
       const Ids got = tok_->encode(docs[d]);
       tokens += got.size();
@@ -112,7 +102,7 @@ class Golden : public ::testing::Test {
                       << show(std::string_view(text).substr(at, 40)) << "\"";
         continue;
       }
-      EXPECT_EQ(tok_->decode(got), read_all(f + ".decoded")) << "document " << d << ": decode differs";
+      EXPECT_EQ(tok_->decode(got), test::read_file(f + ".decoded")) << "document " << d << ": decode differs";
       EXPECT_EQ(tok_->decode(got), unicode::sanitize_utf8(docs[d])) << "document " << d;
     }
     std::printf("compared %zu documents, %zu bytes, %zu tokens with Encoder.js\n", docs.size(), bytes,
@@ -207,7 +197,7 @@ TEST_F(Golden, GeneratedCorpus) {
 TEST_F(Golden, JargonSlices) {
   const std::string path = test::data_dir() + "/jargon/jargon.txt";
   BT_NEED_FETCHED(path, "jargon");
-  const std::string text = read_all(path);
+  const std::string text = test::read_file(path);
   ASSERT_GT(text.size(), 1000000u);
   std::vector<std::string> docs;
   const size_t n = 12, len = 16384;

@@ -14,6 +14,7 @@
 #include "kernels/common/error.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/shard.h"
+#include "tests/support/error_message.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -58,16 +59,6 @@ Rows windows(const Batch& b) {
 
 bool same(const Batch& a, const Batch& b) {
   return values(a.inputs) == values(b.inputs) && values(a.targets) == values(b.targets);
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected bt::Error";
-  return "";
 }
 
 TEST_F(LoaderTest, TargetsAreInputsShiftedByOne) {
@@ -213,7 +204,7 @@ TEST_F(LoaderTest, RestoreOfCurrentStateContinuesIdentically) {
 
 TEST_F(LoaderTest, RestoreRejectsInvalidState) {
   TokenLoader loader(write_shards({1000}), 2, 16);
-  const std::string msg = message_of([&] { loader.restore(LoaderState{0, 1000, 0}); });
+  const std::string msg = test::error_message([&] { loader.restore(LoaderState{0, 1000, 0}); });
   EXPECT_NE(msg.find("1000"), std::string::npos) << msg;
   loader.next();  // still usable
 }
@@ -258,14 +249,14 @@ TEST_F(LoaderTest, BadArguments) {
   EXPECT_THROW(TokenLoader(g, 2, 16, 2, 2), Error);
   EXPECT_THROW(TokenLoader(g, 2, 16, -1, 2), Error);
   const std::string missing = tmp_.file("nope_*.bin");
-  const std::string msg = message_of([&] { TokenLoader(missing, 2, 16); });
+  const std::string msg = test::error_message([&] { TokenLoader(missing, 2, 16); });
   EXPECT_NE(msg.find(missing), std::string::npos) << msg;
 }
 
 TEST_F(LoaderTest, TooLittleDataNamesTheTokenCounts) {
   // 2 shards x 50 tokens = 100 tokens; B*world*(T+1) = 4*2*17 = 136.
   const std::string g = write_shards({50, 50});
-  const std::string msg = message_of([&] { TokenLoader(g, 4, 16, 0, 2); });
+  const std::string msg = test::error_message([&] { TokenLoader(g, 4, 16, 0, 2); });
   EXPECT_NE(msg.find(g), std::string::npos) << msg;
   EXPECT_NE(msg.find("100 tokens"), std::string::npos) << msg;
   EXPECT_NE(msg.find("136"), std::string::npos) << msg;

@@ -12,6 +12,7 @@
 
 #include "kernels/common/error.h"
 #include "runtime/data/shard.h"
+#include "tests/support/error_message.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -37,16 +38,6 @@ class ShardTest : public ::testing::Test {
 
   test::TempDir tmp_{"bt_shard_test"};
 };
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected bt::Error";
-  return "";
-}
 
 TEST_F(ShardTest, RoundTrip) {
   std::vector<uint16_t> tokens(5000);
@@ -83,13 +74,13 @@ TEST_F(ShardTest, HeaderIsLlmcLayout) {
 
 TEST_F(ShardTest, WriteToMissingDirectoryNamesPath) {
   const std::string p = path("no/such/dir/x.bin");
-  const std::string msg = message_of([&] { write_shard(p, {1, 2}); });
+  const std::string msg = test::error_message([&] { write_shard(p, {1, 2}); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
 }
 
 TEST_F(ShardTest, MissingFile) {
   const std::string p = path("missing.bin");
-  const std::string msg = message_of([&] { read_shard_header(p); });
+  const std::string msg = test::error_message([&] { read_shard_header(p); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
   EXPECT_NE(msg.find("blutrain tokenize"), std::string::npos) << msg;
 }
@@ -97,7 +88,7 @@ TEST_F(ShardTest, MissingFile) {
 TEST_F(ShardTest, BadMagic) {
   const std::string p = path("magic.bin");
   write_raw(p, 12345, 1, 4, 8);
-  const std::string msg = message_of([&] { read_shard_header(p); });
+  const std::string msg = test::error_message([&] { read_shard_header(p); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
   EXPECT_NE(msg.find("12345"), std::string::npos) << msg;
   EXPECT_NE(msg.find("20240520"), std::string::npos) << msg;
@@ -107,7 +98,7 @@ TEST_F(ShardTest, BadMagic) {
 TEST_F(ShardTest, WrongVersion) {
   const std::string p = path("version.bin");
   write_raw(p, 20240520, 2, 4, 8);
-  const std::string msg = message_of([&] { read_shard_header(p); });
+  const std::string msg = test::error_message([&] { read_shard_header(p); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
   EXPECT_NE(msg.find("version 2"), std::string::npos) << msg;
 }
@@ -115,7 +106,7 @@ TEST_F(ShardTest, WrongVersion) {
 TEST_F(ShardTest, TruncatedFile) {
   const std::string p = path("trunc.bin");
   write_raw(p, 20240520, 1, 100, 150);
-  const std::string msg = message_of([&] { read_shard_header(p); });
+  const std::string msg = test::error_message([&] { read_shard_header(p); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
   EXPECT_NE(msg.find("1224"), std::string::npos) << msg;  // expected size
   EXPECT_NE(msg.find("1174"), std::string::npos) << msg;  // actual size
@@ -127,7 +118,7 @@ TEST_F(ShardTest, SmallerThanHeader) {
     std::ofstream f(p, std::ios::binary);
     f << "hello";
   }
-  const std::string msg = message_of([&] { read_shard_header(p); });
+  const std::string msg = test::error_message([&] { read_shard_header(p); });
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
 }
 
@@ -142,7 +133,7 @@ TEST_F(ShardTest, GlobIsSorted) {
 
 TEST_F(ShardTest, EmptyGlobNamesPattern) {
   const std::string pattern = path("nothing_*.bin");
-  const std::string msg = message_of([&] { expand_glob(pattern); });
+  const std::string msg = test::error_message([&] { expand_glob(pattern); });
   EXPECT_NE(msg.find(pattern), std::string::npos) << msg;
 }
 

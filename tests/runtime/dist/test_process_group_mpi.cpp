@@ -10,6 +10,7 @@
 #include "runtime/dist/mpi_process_group.h"
 #include "runtime/dist/world.h"
 #include "runtime/tensor/factory.h"
+#include "tests/support/error_message.h"
 
 namespace bt::dist {
 namespace {
@@ -130,14 +131,7 @@ TEST_F(MpiGroup, BroadcastFromEveryRoot) {
 }
 
 TEST_F(MpiGroup, BadArgumentsNameTheProblem) {
-  auto msg = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
+  const auto msg = test::error_message;
   Tensor m = zeros({4, 6});
   EXPECT_NE(msg([&] { pg_->all_reduce(m.t(), ReduceOp::Sum); }).find("not contiguous"), std::string::npos);
   EXPECT_NE(msg([&] { pg_->all_gather(zeros({3}), zeros({3 * size() + 1})); }).find("world size"),

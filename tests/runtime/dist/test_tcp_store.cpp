@@ -10,6 +10,7 @@
 
 #include "kernels/common/error.h"
 #include "runtime/dist/tcp_store.h"
+#include "tests/support/error_message.h"
 #include "tests/support/free_port.h"
 
 namespace bt::dist {
@@ -18,15 +19,6 @@ namespace {
 using std::chrono::milliseconds;
 
 using test::free_port;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(TcpStore, SharesValuesAndCounters) {
   TcpStore server("127.0.0.1", 0, true, milliseconds(5000));
@@ -59,15 +51,15 @@ TEST(TcpStore, GetWaitsForALaterSet) {
 
 TEST(TcpStore, TimeoutsNameWhatIsMissing) {
   TcpStore server("127.0.0.1", 0, true, milliseconds(300));
-  std::string m = error_of([&] { server.get("never"); });
+  std::string m = test::error_message([&] { server.get("never"); });
   EXPECT_NE(m.find("rendezvous timeout: 'never' was not set"), std::string::npos) << m;
 
   const int port = free_port();
-  m = error_of([&] { TcpStore("127.0.0.1", port, false, milliseconds(300)); });
+  m = test::error_message([&] { TcpStore("127.0.0.1", port, false, milliseconds(300)); });
   EXPECT_NE(m.find("rendezvous timeout: cannot reach 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << m;
 
-  m = error_of([&] { TcpStore("127.0.0.1", 70000, false, milliseconds(300)); });
+  m = test::error_message([&] { TcpStore("127.0.0.1", 70000, false, milliseconds(300)); });
   EXPECT_NE(m.find("port 70000"), std::string::npos) << m;
 }
 

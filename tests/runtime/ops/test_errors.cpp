@@ -2,22 +2,14 @@
 #include <gtest/gtest.h>
 
 #include "runtime/bt.h"
+#include "tests/support/error_message.h"
 
 namespace bt {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-#define EXPECT_ERROR_HAS(stmt, text) \
-  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+#define EXPECT_ERROR_HAS(stmt, text)                                          \
+  EXPECT_NE(test::error_message([&] { stmt; }).find(text), std::string::npos) \
+      << test::error_message([&] { stmt; })
 
 TEST(Errors, ShapeMismatch) {
   EXPECT_ERROR_HAS(add(zeros({2, 3}), zeros({4})), "cannot be broadcast");

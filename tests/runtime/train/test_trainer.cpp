@@ -7,6 +7,7 @@
 
 #include "runtime/bt.h"
 #include "runtime/train/trainer.h"
+#include "tests/support/error_message.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
 
@@ -104,12 +105,7 @@ TEST_F(TrainerTest, GradientAccumulationMatchesOneBatch) {
 }
 
 std::string error_of(const TrainConfig& c) {
-  try {
-    Trainer t(c);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::error_message([&] { Trainer t(c); });
 }
 
 TEST_F(TrainerTest, BadConfigsNameTheKey) {
