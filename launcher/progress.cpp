@@ -133,6 +133,7 @@ void MetricsWriter::write(const train::StepStats& s, std::optional<double> val_l
   j["step_seconds"] = s.seconds;
   j["optimizer_state_bytes"] = s.optimizer_state_bytes;
   j["gradient_bytes"] = s.gradient_bytes;
+  j["parameter_bytes"] = s.parameter_bytes;
   if (val_loss) j["val_loss"] = *val_loss;
   const std::string line = j.dump() + "\n";
   BT_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "cannot write the metrics file '",

@@ -95,11 +95,13 @@ int run_train(int argc, char** argv) {
   if (lead && !o.resolved.empty()) write_text(o.resolved, config_to_json(cfg0, w.size) + "\n");
   MetricsWriter metrics(lead ? o.metrics : std::string());
 
-  auto trainer = std::make_unique<train::Trainer>(cfg);
+  // Initial weights go in before the strategy takes the parameters over.
+  auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
+    if (!o.init_weights.empty()) load_model_into(o.init_weights, m);
+    if (lead && !o.save_init.empty()) save_model(o.save_init, m);
+  });
   train::Trainer& tr = *trainer;
   nn::Gpt& model = tr.model();
-  if (!o.init_weights.empty()) load_model_into(o.init_weights, model);
-  if (lead && !o.save_init.empty()) save_model(o.save_init, model);
 
   const nn::GptConfig& mc = cfg.model;
   const train::TrainOptions& t = cfg.train;
@@ -155,6 +157,7 @@ int run_train(int argc, char** argv) {
     metrics.write(s, val);
   }
 
+  tr.finish_training();  // every rank: zero3 gathers the full parameters
   if (!t.save_weights.empty()) {
     save_model(t.save_weights, model);
     std::printf("saved weights to %s\n", t.save_weights.c_str());

@@ -60,8 +60,11 @@ int count_of(const char* op, int64_t n) {
 /// scaling, a copy out of a scratch buffer).
 class MpiWork : public Work {
  public:
-  MpiWork(MpiProcessGroup* pg, const char* op, int64_t seq, MPI_Request req, std::function<void()> finish)
-      : pg_(pg), op_(op), seq_(seq), req_(req), finish_(std::move(finish)) {}
+  /// `keep`: the tensors MPI reads or writes, held until the collective is
+  /// done (the caller may drop its handles once the Work exists).
+  MpiWork(MpiProcessGroup* pg, const char* op, int64_t seq, MPI_Request req, std::function<void()> finish,
+          std::vector<Tensor> keep = {})
+      : pg_(pg), op_(op), seq_(seq), req_(req), finish_(std::move(finish)), keep_(std::move(keep)) {}
   // A collective abandoned after a timeout is left alone: MPI forbids
   // cancelling or freeing the request of a nonblocking collective, and the
   // job is about to be aborted.
@@ -74,6 +77,7 @@ class MpiWork : public Work {
     if (flag) {
       done_ = true;
       if (finish_) finish_();
+      keep_.clear();
     }
     return done_;
   }
@@ -100,6 +104,7 @@ class MpiWork : public Work {
   int64_t seq_;
   MPI_Request req_;
   std::function<void()> finish_;
+  std::vector<Tensor> keep_;
   bool done_ = false;
 };
 
@@ -209,7 +214,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceO
   BT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, mpi_type(t.dtype()), MPI_SUM, comm_, &req));
   std::function<void()> finish;
   if (op == ReduceOp::Avg && size_ > 1) finish = [t, s = size_] { Tensor(t).mul_(1.0 / s); };
-  return std::make_shared<MpiWork>(this, "all_reduce", seq, req, std::move(finish));
+  return std::make_shared<MpiWork>(this, "all_reduce", seq, req, std::move(finish), std::vector<Tensor>{t});
 }
 
 std::shared_ptr<Work> MpiProcessGroup::reduce_scatter_async(const Tensor& in, const Tensor& out,
@@ -230,7 +235,8 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter_async(const Tensor& in, co
     if (!dst.shares_storage(out)) o.copy_(dst);
     if (scale != 1.0) o.mul_(scale);
   };
-  return std::make_shared<MpiWork>(this, "reduce_scatter", seq, req, std::move(finish));
+  return std::make_shared<MpiWork>(this, "reduce_scatter", seq, req, std::move(finish),
+                                   std::vector<Tensor>{in, out, dst});
 }
 
 std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& in, const Tensor& out) {
@@ -243,7 +249,8 @@ std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& in, const 
     BT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.data_ptr(), n, ty, comm_, &req));
   else
     BT_MPI_CHECK(MPI_Iallgather(in.data_ptr(), n, ty, out.data_ptr(), n, ty, comm_, &req));
-  return std::make_shared<MpiWork>(this, "all_gather", seq, req, std::function<void()>{});
+  return std::make_shared<MpiWork>(this, "all_gather", seq, req, std::function<void()>{},
+                                   std::vector<Tensor>{in, out});
 }
 
 std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root) {
@@ -253,7 +260,8 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root
   const int64_t seq = announce();
   MPI_Request req;
   BT_MPI_CHECK(MPI_Ibcast(t.data_ptr(), n, mpi_type(t.dtype()), root, comm_, &req));
-  return std::make_shared<MpiWork>(this, "broadcast", seq, req, std::function<void()>{});
+  return std::make_shared<MpiWork>(this, "broadcast", seq, req, std::function<void()>{},
+                                   std::vector<Tensor>{t});
 }
 
 void MpiProcessGroup::barrier() {

@@ -4,6 +4,7 @@
 
 #include "runtime/dist/ddp.h"
 #include "runtime/dist/zero.h"
+#include "runtime/dist/zero3.h"
 #include "runtime/optim/clip.h"
 
 namespace bt::dist {
@@ -43,6 +44,7 @@ class LocalStrategy : public Strategy {
   }
   uint64_t optimizer_state_bytes() const override { return 2 * f32_bytes(params_); }
   uint64_t gradient_bytes() const override { return f32_bytes(params_); }
+  uint64_t parameter_bytes() const override { return f32_bytes(params_); }
 
  protected:
   std::vector<Tensor> params_;
@@ -81,8 +83,8 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o, std::vector<Pa
   if (o.name == "zero1" || o.name == "zero2")
     return std::make_unique<ZeroStrategy>(o.name == "zero1" ? 1 : 2, o.adamw, std::move(params),
                                           std::move(pg));
-  BT_FAIL("dist.strategy=", o.name,
-          " is not available; use local, ddp, zero1 or zero2 (zero3 is not built yet)");
+  if (o.name == "zero3") return std::make_unique<Zero3Strategy>(o.adamw, std::move(params), std::move(pg));
+  BT_FAIL("dist.strategy=", o.name, " is not available; use local, ddp, zero1, zero2 or zero3");
 }
 
 }  // namespace bt::dist

@@ -14,6 +14,9 @@
 //          update this rank's shard, all-gather the parameters (zero.h)
 //   zero2  zero1, and the full gradient buffer is released once reduced:
 //          between steps each rank keeps only its gradient shard
+//   zero3  zero2, and the parameters sharded too: the model takes each
+//          unit's weights from the strategy (weight_source()), which gathers
+//          them just before the unit's forward and backward (zero3.h)
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "runtime/dist/process_group.h"
+#include "runtime/nn/weight_source.h"
 #include "runtime/optim/adamw.h"
 
 namespace bt::dist {
@@ -40,16 +44,26 @@ class Strategy {
   virtual uint64_t optimizer_state_bytes() const = 0;
   /// Bytes of gradient buffers this rank holds between steps.
   virtual uint64_t gradient_bytes() const = 0;
+  /// Bytes of f32 parameters (masters) this rank holds between steps.
+  virtual uint64_t parameter_bytes() const = 0;
+  /// Where the model must take its weights from (zero3), or null: from its
+  /// parameters.
+  virtual nn::WeightSource* weight_source() { return nullptr; }
+  /// Collective: afterwards every parameter tensor holds its full current
+  /// values on every rank (zero3 keeps only shards otherwise; a no-op for
+  /// the others). The values go stale at the next step().
+  virtual void gather_parameters() {}
 };
 
 /// One parameter and its AdamW weight decay.
 struct ParamSpec {
   Tensor param;
   double weight_decay = 0.0;
+  int unit = 0;  // the model's unit (nn::WeightSource); zero3 shards per unit
 };
 
 struct StrategyOptions {
-  std::string name = "local";  // local | ddp | zero1 | zero2
+  std::string name = "local";  // local | ddp | zero1 | zero2 | zero3
   AdamWOptions adamw;
   double bucket_mb = 25.0;
 };

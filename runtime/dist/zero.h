@@ -35,6 +35,7 @@ class ZeroStrategy : public Strategy {
   void step(double lr, double grad_scale) override;
   uint64_t optimizer_state_bytes() const override;
   uint64_t gradient_bytes() const override;
+  uint64_t parameter_bytes() const override { return static_cast<uint64_t>(padded_) * sizeof(float); }
 
   int64_t shard_numel() const { return shard_; }
   int64_t padded_numel() const { return padded_; }

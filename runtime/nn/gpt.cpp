@@ -96,9 +96,23 @@ std::vector<Tensor> Gpt::parameters() const {
   return out;
 }
 
-/// The compute copy of a master parameter: a recorded bf16 cast under
-/// Precision::BF16 (its gradient flows back into the f32 master), else itself.
-Tensor Gpt::compute(const Tensor& p) const { return precision() == Precision::BF16 ? p.to(DType::BF16) : p; }
+std::vector<int> Gpt::param_units() const {
+  std::vector<int> units;
+  for (const auto& [name, t] : params_) {
+    int u = 0;
+    if (name.rfind("h.", 0) == 0) u = 1 + std::stoi(name.substr(2, name.find('.', 2) - 2));
+    units.push_back(u);
+  }
+  return units;
+}
+
+/// The compute copy of a master parameter: the weight source's tensor when
+/// there is one; else a recorded bf16 cast under Precision::BF16 (its
+/// gradient flows back into the f32 master), else the parameter itself.
+Tensor Gpt::compute(const Tensor& p) const {
+  if (source_) return source_->weight(p);
+  return precision() == Precision::BF16 ? p.to(DType::BF16) : p;
+}
 
 Tensor Gpt::forward(const Tensor& idx) const {
   BT_CHECK(idx.dim() == 2 && idx.dtype() == DType::I32, "Gpt::forward: token ids must be i32 [B, T], got ",
@@ -108,11 +122,15 @@ Tensor Gpt::forward(const Tensor& idx) const {
            " is outside [1, model.seq_len=", cfg_.seq_len, "]");
   BT_CHECK(idx.device() == device_, "Gpt::forward: token ids are on ", idx.device(), " but the model is on ",
            device_);
+  if (source_) source_->enter(0);
   const Tensor wte = compute(wte_);
   Tensor pos = arange(T, TensorOptions{DType::I32, device_});
   Tensor x = add(embedding(wte, idx), embedding(compute(wpe_), pos));
-  for (const Block& b : blocks_) {
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    const int unit = static_cast<int>(l) + 1;
     ProfileScope prof("block");
+    if (source_) source_->enter(unit);
     Tensor qkv =
         linear(layer_norm(x, compute(b.ln1_w), compute(b.ln1_b)), compute(b.attn_w), compute(b.attn_b));
     Tensor att;
@@ -124,9 +142,11 @@ Tensor Gpt::forward(const Tensor& idx) const {
     Tensor h = linear(layer_norm(x, compute(b.ln2_w), compute(b.ln2_b)), compute(b.fc_w), compute(b.fc_b),
                       Activation::Gelu);
     x = add(x, linear(h, compute(b.out_w), compute(b.out_b)));
+    if (source_) x = source_->leave(unit, x);
   }
   ProfileScope prof("head");
-  return linear(layer_norm(x, compute(lnf_w_), compute(lnf_b_)), wte);  // tied LM head
+  Tensor logits = linear(layer_norm(x, compute(lnf_w_), compute(lnf_b_)), wte);  // tied LM head
+  return source_ ? source_->leave(0, logits) : logits;
 }
 
 Tensor Gpt::loss(const Tensor& idx, const Tensor& targets) const {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/core/precision.h"
+#include "runtime/nn/weight_source.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt::nn {
@@ -69,6 +70,12 @@ class Gpt {
   std::vector<Tensor> parameters() const;
   /// True for tensors that get weight decay: every parameter with 2 dims.
   static bool decays(const Tensor& p) { return p.dim() >= 2; }
+  /// The unit of each parameter (named_parameters() order): 0 for the
+  /// embeddings and the final LayerNorm (wte also serves as the LM head), 1 + l
+  /// for block l. Units are what ZeRO-3 gathers at a time.
+  std::vector<int> param_units() const;
+  /// Forward takes its weights from `s` (not owned; null: the parameters).
+  void set_weight_source(WeightSource* s) { source_ = s; }
 
  private:
   struct Block {
@@ -80,6 +87,7 @@ class Gpt {
   GptConfig cfg_;
   Device device_;
   NamedTensors params_;
+  WeightSource* source_ = nullptr;
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Block> blocks_;
 };

@@ -1,5 +1,7 @@
 #include "runtime/tensor/storage.h"
 
+#include "kernels/common/error.h"
+
 namespace bt {
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, const Device& device, const Stream& stream,
@@ -11,6 +13,17 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, const Device& device, 
   s->device = device;
   s->pinned = pinned;
   return s;
+}
+
+void Storage::release() {
+  if (allocator && data) allocator->deallocate(data);
+  data = nullptr;
+}
+
+void Storage::reacquire(const Stream& stream) {
+  BT_CHECK(allocator != nullptr,
+           "Storage::reacquire: memory owned elsewhere (from_blob) cannot be reacquired");
+  if (data == nullptr && nbytes > 0) data = allocator->allocate(nbytes, stream);
 }
 
 }  // namespace bt

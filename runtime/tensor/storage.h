@@ -34,6 +34,19 @@ struct Storage {
 
   static std::shared_ptr<Storage> allocate(size_t nbytes, const Device& device, const Stream& stream,
                                            bool pinned = false);
+
+  // Note [Released storage]
+  // release() gives the memory back to the allocator but keeps this object,
+  // so every view of it -- tensors autograd saved for backward included --
+  // stays a valid handle whose data is absent; reacquire() allocates nbytes
+  // again (new contents undefined) before anyone reads it. ZeRO-3 keeps the
+  // gathered weights of a unit this way between its forward and backward
+  // (runtime/dist/zero3.h). Reading released data fails in Tensor::data_ptr.
+  // The version counter is untouched: refilling with the same values is not
+  // a write autograd must see.
+  void release();
+  void reacquire(const Stream& stream);
+  bool resident() const { return data != nullptr || nbytes == 0; }
 };
 
 }  // namespace bt

@@ -25,6 +25,9 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
+  BT_CHECK(impl_->storage->resident(),
+           "this tensor's memory was released (Note [Released storage]): a ZeRO-3 parameter read outside "
+           "its unit's forward/backward; gather the parameters first (Strategy::gather_parameters)");
   return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(dtype_size(dtype()));
 }
 

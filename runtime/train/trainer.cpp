@@ -35,7 +35,7 @@ uint64_t peak_memory_bytes(const Device& d) {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
+Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& init) : cfg_(cfg) {
   const dist::World& w = dist::world();
   rank_ = w.rank;
   world_ = w.size;
@@ -52,6 +52,7 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
     val_ = std::make_unique<TokenLoader>(cfg_.data.val, t.micro_batch, T, rank_, world_, t.seed,
                                          /*shuffle=*/false);
   model_ = std::make_unique<nn::Gpt>(cfg_.model, device_, t.seed);
+  if (init) init(*model_);
   dist::StrategyOptions so;
   so.name = world_ > 1 ? cfg_.dist.strategy : "local";
   so.bucket_mb = cfg_.dist.bucket_mb;
@@ -64,13 +65,18 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
     pg_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg_.dist.timeout_s * 1000)));
   }
   std::vector<dist::ParamSpec> ps;
-  for (const Tensor& p : model_->parameters()) ps.push_back({p, nn::Gpt::decays(p) ? t.weight_decay : 0.0});
+  const std::vector<int> units = model_->param_units();
+  const std::vector<Tensor> params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    ps.push_back({params[i], nn::Gpt::decays(params[i]) ? t.weight_decay : 0.0, units[i]});
   strategy_ = dist::make_strategy(so, std::move(ps), pg_);
+  model_->set_weight_source(strategy_->weight_source());
   schedule_ = CosineSchedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
   if (device_.is_cuda()) cuda_reset_peak_stats(device_.index);
 }
 
 StepStats Trainer::step() {
+  BT_CHECK(!finished_, "Trainer::step: training was finished (finish_training)");
   const auto t0 = std::chrono::steady_clock::now();
   ProfileScope prof_step("step");
   if (pg_) pg_->set_step(step_ + 1);
@@ -123,7 +129,15 @@ StepStats Trainer::step() {
   s.peak_mem_bytes = peak_memory_bytes(device_);
   s.optimizer_state_bytes = strategy_->optimizer_state_bytes();
   s.gradient_bytes = strategy_->gradient_bytes();
+  s.parameter_bytes = strategy_->parameter_bytes();
   return s;
+}
+
+void Trainer::finish_training() {
+  if (finished_) return;
+  strategy_->gather_parameters();
+  model_->set_weight_source(nullptr);
+  finished_ = true;
 }
 
 double Trainer::evaluate() {

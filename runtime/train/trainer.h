@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -41,13 +42,16 @@ struct StepStats {
   uint64_t peak_mem_bytes = 0;         // CUDA: peak allocated; CPU: peak RSS
   uint64_t optimizer_state_bytes = 0;  // AdamW m and v held by this rank
   uint64_t gradient_bytes = 0;         // gradient buffers this rank keeps between steps
+  uint64_t parameter_bytes = 0;        // f32 parameters this rank keeps between steps
 };
 
 class Trainer {
  public:
   /// Validates `cfg`, resolves the device, sets the precision, builds the
-  /// model (seeded init) and opens the loaders. Throws bt::Error on bad input.
-  explicit Trainer(const TrainConfig& cfg);
+  /// model (seeded init), runs `init` on it (e.g. loading weights) before the
+  /// strategy takes the parameters over, and opens the loaders. Throws
+  /// bt::Error on bad input.
+  explicit Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& init = {});
 
   StepStats step();
   /// Mean validation loss over train.eval_batches batches, always the same
@@ -66,6 +70,10 @@ class Trainer {
   int rank() const { return rank_; }
   /// The strategy in use ("local" for one process), with its memory figures.
   const dist::Strategy& strategy() const { return *strategy_; }
+  /// Collective, after the last step: every rank's model holds its full
+  /// parameters and runs on its own (sampling, saving weights). Under zero3
+  /// the model otherwise holds only shards; further steps are refused.
+  void finish_training();
 
  private:
   TrainConfig cfg_;
@@ -76,6 +84,7 @@ class Trainer {
   std::unique_ptr<TokenLoader> train_, val_;
   int64_t accum_ = 1;
   int64_t step_ = 0;
+  bool finished_ = false;
   int rank_ = 0, world_ = 1;
   std::shared_ptr<dist::ProcessGroup> pg_;  // null for a single process
   /// The mean over ranks of a scalar (itself for a single process).

@@ -1,6 +1,7 @@
 // `blutrain train` under real `mpirun -np 2|4` (oversubscribed): with the same
-// global batch, the per-step losses and the final weights of a DDP job match
-// one process's; a rank that fails ends the whole job with its message.
+// global batch, the per-step losses and the final weights of a job match
+// one process's for ddp, zero1, zero2 and zero3; a rank that fails ends the
+// whole job with its message.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -85,11 +86,10 @@ class TrainDist : public ::testing::Test {
 // batch: per-step losses within 1e-6 (relative); final weights within 1e-6
 // (relative L2 over all of them) and 1e-3 for the worst tensor; and the
 // optimizer state a rank holds: all of it under ddp, 1/N of it (rounded up)
-// under zero1 and zero2. The worst tensor is always an attn.c_attn.bias: the
-// third of it that biases the keys has an exactly-zero true gradient (it adds
-// a per-query constant to the scores), so the rounding noise of a different
-// summation order becomes lr-sized AdamW steps there -- without any effect on
-// the loss (bench/RESULTS.md sees the same against PyTorch).
+// under zero1, zero2 and zero3, and the parameters: 1/N of them under zero3. The worst tensor is always an
+// attn.c_attn.bias: the third of it that biases the keys has an exactly-zero true gradient (it adds a
+// per-query constant to the scores), so the rounding noise of a different summation order becomes lr-sized
+// AdamW steps there -- without any effect on the loss (bench/RESULTS.md sees the same against PyTorch).
 TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
   Result one = run(base_ + " --metrics " + file("one.jsonl") + " --save-weights " + file("one.h5"));
   ASSERT_EQ(one.status, 0) << one.out;
@@ -101,7 +101,13 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
   const auto full_state = ref.front().at("optimizer_state_bytes").get<uint64_t>();
   const uint64_t params = full_state / 8;  // m and v: two floats per parameter
 
-  for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
+  // zero3 shards each unit on its own (Note [ZeRO-3 units]): unit 0 = wte,
+  // wpe and ln_f, then one unit per block of 12 C^2 + 13 C floats (C = 64).
+  const int64_t C = 64, unit0 = 50304 * C + 64 * C + 2 * C, block = 12 * C * C + 13 * C;
+  ASSERT_EQ(static_cast<int64_t>(params), unit0 + 2 * block);
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     for (int np : {2, 4}) {
       const std::string tag = strategy + std::to_string(np);
       Result r = run(mpirun(np) + base_ + " --set dist.strategy=" + strategy + " --set dist.bucket_mb=0.5" +
@@ -120,14 +126,24 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
       const WeightDiff wd = weight_diff(load_weights(file(tag + ".h5")), wref);
       EXPECT_LT(wd.all, 1e-6) << tag << ": final weights differ";
       EXPECT_LT(wd.worst, 1e-3) << tag << ": final weights differ most in " << wd.where;
+      // What rank 0 holds: its share of every flat layout (8 bytes of AdamW
+      // state and 4 of parameters per float).
+      const int64_t flat = strategy == "zero3" ? ceil_div(unit0, np) + 2 * ceil_div(block, np)
+                           : strategy == "ddp" ? static_cast<int64_t>(params)
+                                               : ceil_div(static_cast<int64_t>(params), np);
       const auto state = got.front().at("optimizer_state_bytes").get<uint64_t>();
-      const uint64_t want = strategy == "ddp" ? full_state : 8 * ((params + np - 1) / np);
-      EXPECT_EQ(state, want) << tag << ": optimizer state bytes on rank 0";
+      EXPECT_EQ(state, static_cast<uint64_t>(8 * flat)) << tag << ": optimizer state bytes on rank 0";
+      const auto param_bytes = got.front().at("parameter_bytes").get<uint64_t>();
+      EXPECT_EQ(param_bytes, static_cast<uint64_t>(4 * (strategy == "zero3" ? flat
+                                                        : strategy == "ddp" ? flat
+                                                                            : flat * np)))
+          << tag << ": parameter bytes on rank 0";
       std::printf(
-          "%s: max relative loss difference %.3e; weights %.3e overall, worst %.3e (%s); AdamW state "
-          "%llu bytes on rank 0 (%.3f of one process's)\n",
-          tag.c_str(), worst, wd.all, wd.worst, wd.where.c_str(), static_cast<unsigned long long>(state),
-          static_cast<double>(state) / static_cast<double>(full_state));
+          "%s: max relative loss difference %.3e; weights %.3e overall, worst %.3e (%s); on rank 0: AdamW "
+          "state %.3f and parameters %.3f of one process's\n",
+          tag.c_str(), worst, wd.all, wd.worst, wd.where.c_str(),
+          static_cast<double>(state) / static_cast<double>(full_state),
+          static_cast<double>(param_bytes) / static_cast<double>(4 * params));
     }
   }
 }

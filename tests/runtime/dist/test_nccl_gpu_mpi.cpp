@@ -1,8 +1,8 @@
 // The NCCL process group on real GPUs, one per rank (mpirun -np 2|4 on a
 // machine with that many GPUs; skipped otherwise): collectives against values
-// computed locally, in place and async, bf16 included; and DDP, zero1 and
-// zero2 on CUDA taking the step one process takes (the toy model of
-// test_strategy_mpi.cpp).
+// computed locally, in place and async, bf16 included; and ddp, zero1, zero2
+// and zero3 on CUDA taking the steps one process takes, with gradient
+// accumulation (the toy model of tests/support/toy_units.h).
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include "runtime/ops/elementwise.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
+#include "tests/support/toy_units.h"
 
 namespace bt::dist {
 namespace {
@@ -69,33 +70,13 @@ TEST_F(Nccl, Collectives) {
 }
 
 TEST_F(Nccl, StrategiesMatchOneProcessOnCuda) {
-  const std::vector<Shape> shapes = {{5}, {3}, {2, 7}, {4, 4}, {1}};
-  auto params = [&](uint64_t seed) {
-    Generator gen(seed);
-    std::vector<Tensor> ps;
-    for (const Shape& s : shapes) ps.push_back(randn(s, {}, &gen).to(dev_).requires_grad_());
-    return ps;
-  };
-  auto inputs = [&](double scale, uint64_t seed) {
-    Generator gen(seed);
-    std::vector<Tensor> xs;
-    for (const Shape& s : shapes) xs.push_back(mul(randn(s, {}, &gen).to(dev_), scale));
-    return xs;
-  };
-  auto backward = [](const std::vector<Tensor>& ps, const std::vector<Tensor>& xs) {
-    Tensor loss;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      Tensor l = sum(mul(ps[i], xs[i]));
-      loss = loss.defined() ? add(loss, l) : l;
-    }
-    loss.backward();
-  };
-  for (const char* name : {"ddp", "zero1", "zero2"}) {
-    std::vector<Tensor> ps = params(3), ref = params(3);
+  const std::vector<int> units = test::toy_units();
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
+    std::vector<Tensor> ps = test::toy_params(3, dev_), ref = test::toy_params(3, dev_);
     std::vector<ParamSpec> specs, ref_specs;
     for (size_t i = 0; i < ps.size(); ++i) {
-      specs.push_back({ps[i], ps[i].dim() == 2 ? 0.1 : 0.0});
-      ref_specs.push_back({ref[i], ref[i].dim() == 2 ? 0.1 : 0.0});
+      specs.push_back({ps[i], ps[i].dim() == 2 ? 0.1 : 0.0, units[i]});
+      ref_specs.push_back({ref[i], ref[i].dim() == 2 ? 0.1 : 0.0, units[i]});
     }
     StrategyOptions o;
     o.adamw.lr = 0.1;
@@ -106,16 +87,20 @@ TEST_F(Nccl, StrategiesMatchOneProcessOnCuda) {
     auto local = make_strategy(o, ref_specs, nullptr);
     for (int step = 0; step < 3; ++step) {
       s->zero_grad();
-      s->before_backward(true);
-      backward(ps, inputs(rank() + 1.0, 20 + step));
-      s->after_backward();
       local->zero_grad();
-      backward(ref, inputs((size() + 1) / 2.0, 20 + step));
+      for (int micro = 0; micro < 2; ++micro) {  // only the second micro-step communicates
+        const uint64_t seed = 20 + 2 * step + micro;
+        s->before_backward(micro == 1);
+        test::toy_backward(ps, test::toy_inputs(rank() + 1.0, seed, dev_), s->weight_source());
+        test::toy_backward(ref, test::toy_inputs((size() + 1) / 2.0, seed, dev_));
+      }
+      s->after_backward();
       const double gn = s->grad_norm(), gl = local->grad_norm();
       EXPECT_NEAR(gn, gl, 1e-5 * gl) << name;
       s->step(0.1, 0.5);
       local->step(0.1, 0.5);
     }
+    s->gather_parameters();  // zero3 holds shards only until now
     for (size_t i = 0; i < ps.size(); ++i) {
       const std::vector<double> a = host(ps[i]), b = host(ref[i]);
       for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-5) << name << " param " << i;

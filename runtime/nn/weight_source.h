@@ -1,0 +1,29 @@
+// WeightSource: where a model's forward takes its weights from when they are
+// not simply its parameters. A model that supports one divides its
+// parameters into units (Gpt: unit 0 = embeddings and final LayerNorm,
+// unit 1 + l = block l) and calls, around the computation of each unit u,
+//
+//   enter(u)                       the unit's weights must be usable now
+//   w = weight(p)  for each param   the tensor the ops use for parameter p;
+//                                   its gradient must reach p (a leaf)
+//   out = leave(u, out)             the unit's forward is over; the source may
+//                                   wrap out so that backward re-enters u
+//
+// Units may nest (the root encloses the blocks). ZeRO-3
+// (runtime/dist/zero3.h) is the implementation: it gathers a unit's shards
+// on enter and frees them on leave.
+#pragma once
+
+#include "runtime/tensor/tensor.h"
+
+namespace bt::nn {
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual void enter(int unit) = 0;
+  virtual Tensor weight(const Tensor& param) = 0;
+  virtual Tensor leave(int unit, const Tensor& out) = 0;
+};
+
+}  // namespace bt::nn
