@@ -15,7 +15,7 @@ constexpr int kMaxDevices = 64;
 thread_local std::array<void*, kMaxDevices> t_current{};  // nullptr = legacy default stream
 }  // namespace
 
-Stream Stream::create(Device device) {
+Stream Stream::create(Device device, bool high_priority) {
   if (device.is_cpu()) return Stream(device, nullptr);
 #ifdef BT_CUDA
   check_device_usable(device);
@@ -23,10 +23,13 @@ Stream Stream::create(Device device) {
   BT_CUDA_CHECK(cudaGetDevice(&prev));
   BT_CUDA_CHECK(cudaSetDevice(device.index));
   cudaStream_t s = nullptr;
-  BT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int lowest = 0, highest = 0;
+  BT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  BT_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? highest : lowest));
   BT_CUDA_CHECK(cudaSetDevice(prev));
   return Stream(device, s);
 #else
+  (void)high_priority;
   check_device_usable(device);
   return Stream();
 #endif

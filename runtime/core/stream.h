@@ -14,8 +14,10 @@ class Stream {
   Stream() = default;
   Stream(Device device, void* handle) : device_(device), handle_(handle) {}
 
-  /// A new non-blocking CUDA stream on `device` (owned by the process; never destroyed).
-  static Stream create(Device device);
+  /// A new non-blocking CUDA stream on `device` (owned by the process; never
+  /// destroyed); with `high_priority`, at the device's greatest priority (its
+  /// kernels are scheduled before those of ordinary streams).
+  static Stream create(Device device, bool high_priority = false);
   /// The stream that new work on `device` goes to (see StreamGuard).
   static Stream current(Device device);
 

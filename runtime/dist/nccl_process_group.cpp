@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <cuda_runtime.h>
@@ -122,7 +123,7 @@ void NcclProcessGroup::init(const void* unique_id, Device device) {
   ncclUniqueId id;
   std::memcpy(&id, unique_id, sizeof id);
   BT_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
-  stream_ = Stream::create(device);
+  stream_ = Stream::create(device, /*high_priority=*/true);  // Note [NCCL stream priority]
   watchdog_ = std::thread([this] { watchdog(); });
 }
 
