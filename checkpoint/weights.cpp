@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "checkpoint/h5_check.h"
+#include "checkpoint/h5_util.h"
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/tensor/factory.h"
 #include "runtime/tensor/shape.h"
@@ -20,86 +21,6 @@ namespace bt {
 namespace {
 
 namespace fs = std::filesystem;
-
-/// Owns an HDF5 id and closes it with `close` (errors on this path are ignored;
-/// use release() + an explicit checked close where a failed close matters).
-class H5Id {
- public:
-  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  hid_t get() const { return id_; }
-  operator hid_t() const { return id_; }
-  hid_t release() {
-    const hid_t id = id_;
-    id_ = -1;
-    return id;
-  }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
-
-/// Runs `fn`; an HDF5 failure inside becomes a bt::Error that names the file and
-/// what was being done (HDF5's own message follows).
-template <typename Fn>
-auto with_h5_context(const std::string& what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const InternalError&) {
-    throw;
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    if (m.rfind("HDF5 error", 0) != 0) throw;  // already one of our messages
-    throw Error(cat(what, ": ", m));
-  }
-}
-
-void write_int_attr(hid_t loc, const std::string& name, int64_t value) {
-  H5Id space(BT_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(BT_H5_CHECK(H5Acreate2(loc, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)),
-            H5Aclose);
-  BT_H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &value));
-}
-
-/// A variable-length UTF-8 string, as h5py writes a Python str.
-void write_string_attr(hid_t loc, const std::string& name, const std::string& value) {
-  H5Id type(BT_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  BT_H5_CHECK(H5Tset_size(type, H5T_VARIABLE));
-  BT_H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
-  H5Id space(BT_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(BT_H5_CHECK(H5Acreate2(loc, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  const char* s = value.c_str();
-  BT_H5_CHECK(H5Awrite(attr, type, &s));
-}
-
-/// Reads a string attribute stored as a variable- or fixed-length string.
-std::string read_string_attr(hid_t attr, hid_t file_type) {
-  if (BT_H5_CHECK(H5Tis_variable_str(file_type)) > 0) {
-    H5Id mem(BT_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-    BT_H5_CHECK(H5Tset_size(mem, H5T_VARIABLE));
-    BT_H5_CHECK(H5Tset_cset(mem, H5Tget_cset(file_type)));
-    char* s = nullptr;
-    BT_H5_CHECK(H5Aread(attr, mem, &s));
-    std::string out = s ? s : "";
-    if (s) H5free_memory(s);
-    return out;
-  }
-  const size_t n = H5Tget_size(file_type);
-  BT_CHECK(n > 0, "a string attribute has size 0");
-  H5Id mem(BT_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  BT_H5_CHECK(H5Tset_size(mem, n + 1));  // room for the terminator HDF5 adds for NULLTERM
-  BT_H5_CHECK(H5Tset_strpad(mem, H5T_STR_NULLTERM));
-  std::string buf(n + 1, '\0');
-  BT_H5_CHECK(H5Aread(attr, mem, buf.data()));
-  buf.resize(std::strlen(buf.c_str()));
-  while (!buf.empty() && buf.back() == ' ') buf.pop_back();  // H5T_STR_SPACEPAD
-  return buf;
-}
 
 const char* class_name(H5T_class_t c) {
   switch (c) {
@@ -122,25 +43,6 @@ const char* class_name(H5T_class_t c) {
   }
 }
 
-herr_t collect_error(unsigned, const H5E_error2_t* e, void* out) {
-  auto* v = static_cast<std::vector<std::string>*>(out);
-  if (e && e->desc && *e->desc && std::find(v->begin(), v->end(), e->desc) == v->end())
-    v->emplace_back(e->desc);
-  return 0;
-}
-
-/// Every message on HDF5's error stack, outermost first, joined; clears the stack.
-/// (BT_H5_CHECK keeps one message; opening a file needs the inner ones, e.g.
-/// "truncated file: eof = ...".)
-std::string h5_error_stack() {
-  std::vector<std::string> msgs;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &msgs);
-  H5Eclear2(H5E_DEFAULT);
-  std::string out;
-  for (const auto& m : msgs) out += (out.empty() ? "" : "; ") + m;
-  return out.empty() ? "unknown HDF5 error" : out;
-}
-
 herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* out) {
   static_cast<std::vector<std::string>*>(out)->emplace_back(name);
   return 0;
@@ -148,42 +50,30 @@ herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* out) 
 
 void write_file(const std::string& tmp, const std::vector<std::pair<std::string, Tensor>>& named,
                 const std::map<std::string, int64_t>& attrs) {
-  H5Id fcpl(BT_H5_CHECK(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
+  h5::Id fcpl(BT_H5_CHECK(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
   BT_H5_CHECK(H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED));
-  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), H5Fclose);
-  BT_CHECK(file.get() >= 0, "cannot create the temporary weights file '", tmp, "': ", h5_error_stack());
+  h5::Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), H5Fclose);
+  BT_CHECK(file.get() >= 0, "cannot create the temporary weights file '", tmp, "': ", h5::error_stack());
 
-  write_string_attr(file, "format", kWeightsFormat);
-  write_int_attr(file, "version", kWeightsVersion);
-  for (const auto& [key, value] : attrs) write_int_attr(file, key, value);
+  h5::write_string_attr(file, "format", kWeightsFormat);
+  h5::write_int_attr(file, "version", kWeightsVersion);
+  for (const auto& [key, value] : attrs) h5::write_int_attr(file, key, value);
 
   NoGradGuard no_grad;
   for (const auto& [name, t] : named) {
     const Tensor host = t.detach().to(Device::cpu()).to(DType::F32).contiguous();
     std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
-    H5Id space(dims.empty()
+    h5::Id space(dims.empty()
                    ? BT_H5_CHECK(H5Screate(H5S_SCALAR))
                    : BT_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)),
                H5Sclose);
-    H5Id dset(BT_H5_CHECK(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+    h5::Id dset(BT_H5_CHECK(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
                                      H5P_DEFAULT)),
               H5Dclose);
     if (host.numel() > 0)
       BT_H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data<float>()));
   }
   BT_H5_CHECK(H5Fclose(file.release()));  // a failed flush on close must fail the save
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) {
-    BT_CHECK(directory, "cannot open '", path, "' to sync it: ", std::strerror(errno));
-    return;  // best effort for directories
-  }
-  const bool ok = ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  BT_CHECK(ok || directory, "fsync of '", path, "' failed: ", std::strerror(err));
 }
 
 }  // namespace
@@ -223,20 +113,20 @@ void save_weights(const std::string& path, const std::vector<std::pair<std::stri
   const std::string tmp = path + ".tmp";
   bool tmp_created = false;
   try {
-    with_h5_context(cat("cannot write weights file '", path, "' (via '", tmp, "')"), [&] {
+    h5::with_context(cat("cannot write weights file '", path, "' (via '", tmp, "')"), [&] {
       BT_CHECK(!fs::is_directory(tmp, ec), "cannot write weights file '", path, "': its temporary path '",
                tmp, "' is a directory; remove it");
       tmp_created = true;  // H5Fcreate may create (or truncate) it from here on
       write_file(tmp, named, attrs);
     });
-    fsync_path(tmp, false);
+    h5::fsync_path(tmp, false);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
       BT_FAIL("cannot rename '", tmp, "' to weights file '", path, "': ", std::strerror(errno));
   } catch (...) {
     if (tmp_created && fs::is_regular_file(tmp, ec)) fs::remove(tmp, ec);
     throw;
   }
-  fsync_path(parent.string(), true);
+  h5::fsync_path(parent.string(), true);
 }
 
 WeightFile load_weights(const std::string& path) {
@@ -252,11 +142,11 @@ WeightFile load_weights(const std::string& path) {
   WeightFile out;
   out.path = path;
   const std::string where = cat("weights file '", path, "'");
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  BT_CHECK(file.get() >= 0, "cannot open ", where, ": ", h5_error_stack(),
+  h5::Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  BT_CHECK(file.get() >= 0, "cannot open ", where, ": ", h5::error_stack(),
            " (the file is truncated or corrupt)");
 
-  with_h5_context(cat("cannot read ", where, " (it may be corrupt)"), [&] {
+  h5::with_context(cat("cannot read ", where, " (it may be corrupt)"), [&] {
     // ---- attributes
     std::vector<std::string> names;
     hsize_t idx = 0;
@@ -265,14 +155,14 @@ WeightFile load_weights(const std::string& path) {
     bool has_format = false, has_version = false;
     int64_t version = 0;
     for (const auto& name : names) {
-      H5Id attr(BT_H5_CHECK(H5Aopen(file, name.c_str(), H5P_DEFAULT)), H5Aclose);
-      H5Id type(BT_H5_CHECK(H5Aget_type(attr)), H5Tclose);
-      H5Id space(BT_H5_CHECK(H5Aget_space(attr)), H5Sclose);
+      h5::Id attr(BT_H5_CHECK(H5Aopen(file, name.c_str(), H5P_DEFAULT)), H5Aclose);
+      h5::Id type(BT_H5_CHECK(H5Aget_type(attr)), H5Tclose);
+      h5::Id space(BT_H5_CHECK(H5Aget_space(attr)), H5Sclose);
       const H5T_class_t cls = H5Tget_class(type);
       const hssize_t npoints = BT_H5_CHECK(H5Sget_simple_extent_npoints(space));
       if (name == "format") {
         BT_CHECK(cls == H5T_STRING && npoints == 1, where, ": attribute 'format' is not a string");
-        format = read_string_attr(attr, type);
+        format = h5::read_string_attr(attr, type);
         has_format = true;
         continue;
       }
@@ -297,8 +187,8 @@ WeightFile load_weights(const std::string& path) {
              ", but this BluTrain reads version ", kWeightsVersion, " of '", kWeightsFormat, "'");
 
     // ---- datasets, in creation order when the file tracks it
-    H5Id root(BT_H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT)), H5Gclose);
-    H5Id gcpl(BT_H5_CHECK(H5Gget_create_plist(root)), H5Pclose);
+    h5::Id root(BT_H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT)), H5Gclose);
+    h5::Id gcpl(BT_H5_CHECK(H5Gget_create_plist(root)), H5Pclose);
     unsigned order_flags = 0;
     BT_H5_CHECK(H5Pget_link_creation_order(gcpl, &order_flags));
     const H5_index_t index = (order_flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
@@ -312,15 +202,15 @@ WeightFile load_weights(const std::string& path) {
           H5Lget_name_by_idx(file, ".", index, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT));
       name.resize(static_cast<size_t>(len));
 
-      H5Id obj(BT_H5_CHECK(H5Oopen(file, name.c_str(), H5P_DEFAULT)), H5Oclose);
+      h5::Id obj(BT_H5_CHECK(H5Oopen(file, name.c_str(), H5P_DEFAULT)), H5Oclose);
       BT_CHECK(H5Iget_type(obj) == H5I_DATASET, where, ": root object '", name,
                "' is not a dataset (weights files hold only datasets in the root group)");
-      H5Id type(BT_H5_CHECK(H5Dget_type(obj)), H5Tclose);
+      h5::Id type(BT_H5_CHECK(H5Dget_type(obj)), H5Tclose);
       const H5T_class_t cls = H5Tget_class(type);
       const size_t size = H5Tget_size(type);
       BT_CHECK(cls == H5T_FLOAT && size == 4, where, ": tensor '", name, "' is a ", 8 * size, "-bit ",
                class_name(cls), " dataset, expected float32");
-      H5Id space(BT_H5_CHECK(H5Dget_space(obj)), H5Sclose);
+      h5::Id space(BT_H5_CHECK(H5Dget_space(obj)), H5Sclose);
       const H5S_class_t sc = H5Sget_simple_extent_type(space);
       BT_CHECK(sc == H5S_SCALAR || sc == H5S_SIMPLE, where, ": tensor '", name,
                "' has an empty (null) dataspace");

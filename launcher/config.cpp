@@ -69,6 +69,12 @@ const std::vector<Key>& keys() {
       BT_KEY("dist.strategy", dist.strategy, "ddp | zero1 | zero2 | zero3 (jobs of several ranks)"),
       BT_KEY("dist.bucket_mb", dist.bucket_mb, "DDP gradient bucket size in MiB"),
       BT_KEY("dist.timeout_s", dist.timeout_s, "seconds before a stuck collective aborts the job"),
+      BT_KEY("train.resume", train.resume, "none | auto (latest in checkpoint.dir) | a checkpoint directory"),
+      BT_KEY("train.stop_at_step", train.stop_at_step, "end this run after this step (0: train.steps)"),
+      BT_KEY("checkpoint.dir", checkpoint.dir, "where step_XXXXXXXX/ checkpoints go (empty: none)"),
+      BT_KEY("checkpoint.every", checkpoint.every, "steps between checkpoints (0: at the end of the run)"),
+      BT_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept (0: all)"),
+      BT_KEY("checkpoint.keep_every", checkpoint.keep_every, "also keep every checkpoint whose step divides by this"),
   };
   return k;
 }

@@ -3,6 +3,7 @@
 // final sample and a summary. Under mpirun (or `blutrain launch`) every rank
 // runs this; rank 0 prints and writes the files, the others print only errors
 // and a closing line on stderr.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <cxxopts.hpp>
 #include <fmt/format.h>
 
+#include "launcher/checkpointing.h"
 #include "launcher/commands.h"
 #include "launcher/config.h"
 #include "launcher/model_file.h"
@@ -137,9 +139,14 @@ int run_train(int argc, char** argv) {
   std::optional<double> peak = peak_flops(tr.device(), parse_precision(t.precision));
   if (peak) *peak *= w.size;
   Progress progress(t.steps, t.log_every, mc.flops_per_token(mc.seq_len), peak);
+  const std::string resumed = resume(tr);
+  if (!resumed.empty()) std::printf("%s\n", resumed.c_str());
+  const nlohmann::json resolved_json = nlohmann::json::parse(config_to_json(cfg0, w.size));
+  const int64_t last_step = t.stop_at_step > 0 ? std::min(t.stop_at_step, t.steps) : t.steps;
+  const train::TrainerCounters start = tr.counters();
   std::optional<double> last_val;
   double last_loss = 0;
-  for (int64_t i = 0; i < t.steps; ++i) {
+  for (int64_t i = start.step; i < last_step; ++i) {
     const train::StepStats s = tr.step();
     progress.on_step(s);
     last_loss = s.loss;
@@ -155,6 +162,15 @@ int run_train(int argc, char** argv) {
                                  *val, std::log(static_cast<double>(mc.vocab_size))));
     }
     metrics.write(s, val);
+    const train::CheckpointOptions& ck = cfg.checkpoint;
+    if (!ck.dir.empty() && ((ck.every > 0 && s.step % ck.every == 0) || s.step == last_step)) {
+      const std::string dir = save_checkpoint(tr, resolved_json);
+      progress.print(fmt::format("step {}: saved checkpoint {}", s.step, dir));
+    }
+  }
+  if (last_step < t.steps) {
+    std::printf("stopped after step %lld of %lld (train.stop_at_step)%s\n", static_cast<long long>(last_step),
+                static_cast<long long>(t.steps), cfg.checkpoint.dir.empty() ? "" : "; resume with train.resume=auto");
   }
 
   tr.finish_training();  // every rank: zero3 gathers the full parameters
@@ -163,7 +179,7 @@ int run_train(int argc, char** argv) {
     std::printf("saved weights to %s\n", t.save_weights.c_str());
   }
   std::printf("done: %lld steps in %s, %.0f tokens/s (steady), train loss %.4f%s, peak memory %s\n",
-              static_cast<long long>(t.steps), human_duration(progress.elapsed()).c_str(),
+              static_cast<long long>(last_step - start.step), human_duration(progress.elapsed()).c_str(),
               progress.mean_tokens_per_s(), last_loss,
               last_val ? fmt::format(", val loss {:.4f}", *last_val).c_str() : "",
               human_bytes(train::peak_memory_bytes(tr.device())).c_str());

@@ -32,7 +32,7 @@ uint64_t f32_bytes(const std::vector<Tensor>& ts) {
 class LocalStrategy : public Strategy {
  public:
   LocalStrategy(const StrategyOptions& o, std::vector<ParamSpec> ps)
-      : params_(tensors_of(ps)), opt_(full_adamw(ps, o.adamw)) {}
+      : specs_(ps), params_(tensors_of(ps)), opt_(full_adamw(ps, o.adamw)) {}
   std::string name() const override { return "local"; }
   void zero_grad() override { opt_->zero_grad(); }
   void before_backward(bool) override {}
@@ -46,7 +46,38 @@ class LocalStrategy : public Strategy {
   uint64_t gradient_bytes() const override { return f32_bytes(params_); }
   uint64_t parameter_bytes() const override { return f32_bytes(params_); }
 
+  // Every rank holds everything; the write share of rank r of N is its range
+  // [r*S, (r+1)*S) of the parameters laid end to end, S = ceil(P / N).
+  std::vector<StatePiece> state_pieces(bool to_write) const override {
+    int64_t total = 0;
+    for (const Tensor& p : params_) total += p.numel();
+    const int64_t s = (total + n_ - 1) / n_;
+    const int64_t lo = to_write ? rank_ * s : 0, hi = to_write ? lo + s : total;
+    std::vector<StatePiece> out;
+    int64_t off = 0;
+    for (const ParamSpec& p : specs_) {
+      const int64_t n = p.param.numel();
+      const auto [a, b] = overlap(lo, hi, off, n);
+      if (a < b) {
+        const auto [m, v] = opt_->moments(p.param);
+        auto part = [&](const Tensor& t) { return t.reshape({-1}).narrow(0, a - off, b - a); };
+        out.push_back(state_piece("param", p, a - off, part(p.param)));
+        out.push_back(state_piece("adam_m", p, a - off, part(m)));
+        out.push_back(state_piece("adam_v", p, a - off, part(v)));
+      }
+      off += n;
+    }
+    return out;
+  }
+  int64_t optimizer_steps() const override { return opt_->steps(); }
+  void state_loaded(int64_t steps) override {
+    opt_->set_steps(steps);
+    for (const Tensor& p : params_) p.bump_version();
+  }
+
  protected:
+  std::vector<ParamSpec> specs_;
+  int64_t rank_ = 0, n_ = 1;  // this rank's share of the state to write
   std::vector<Tensor> params_;
   std::unique_ptr<AdamW> opt_;
 };
@@ -55,6 +86,8 @@ class DdpStrategy : public LocalStrategy {
  public:
   DdpStrategy(const StrategyOptions& o, std::vector<ParamSpec> ps, std::shared_ptr<ProcessGroup> pg)
       : LocalStrategy(o, ps), ddp_(tensors_of(ps), std::move(pg), o.bucket_mb) {
+    rank_ = ddp_.group().rank();
+    n_ = ddp_.group().size();
     ddp_.broadcast_parameters();
   }
   std::string name() const override { return "ddp"; }
@@ -67,6 +100,10 @@ class DdpStrategy : public LocalStrategy {
 };
 
 }  // namespace
+
+StatePiece state_piece(const char* kind, const ParamSpec& p, int64_t begin, const Tensor& data) {
+  return StatePiece{cat(kind, "/", p.name), p.param.shape(), begin, begin + data.numel(), data};
+}
 
 void add_to_group(std::vector<AdamW::Group>& groups, const Tensor& t, double wd) {
   auto it =

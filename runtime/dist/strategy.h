@@ -19,9 +19,11 @@
 //          them just before the unit's forward and backward (zero3.h)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/dist/process_group.h"
@@ -29,6 +31,35 @@
 #include "runtime/optim/adamw.h"
 
 namespace bt::dist {
+
+/// One parameter and its AdamW weight decay.
+struct ParamSpec {
+  Tensor param;
+  double weight_decay = 0.0;
+  int unit = 0;      // the model's unit (nn::WeightSource); zero3 shards per unit
+  std::string name;  // the model's name for it (checkpoints)
+};
+
+// Note [State pieces]: the training state of a strategy, independent of how
+// it is sharded, is three global f32 tensors per parameter -- "param/NAME"
+// (the f32 master), "adam_m/NAME" and "adam_v/NAME", each of the parameter's
+// shape -- plus AdamW's step count. A piece is a range of one of them,
+// flattened, and the memory a rank keeps it in. Whatever strategy and world
+// size saved a checkpoint, a rank fills the pieces it holds now from the
+// saved pieces that overlap them (checkpoint/checkpoint.h).
+struct StatePiece {
+  std::string name;            // "param/h.0.ln_1.weight", "adam_m/...", "adam_v/..."
+  Shape shape;                 // the global tensor's shape
+  int64_t begin = 0, end = 0;  // flattened elements [begin, end)
+  Tensor data;                 // 1-D contiguous f32, end - begin elements, on this rank's device
+};
+
+/// The piece "KIND/p.name" of elements [begin, begin + data.numel()).
+StatePiece state_piece(const char* kind, const ParamSpec& p, int64_t begin, const Tensor& data);
+/// [max(lo, off), min(hi, off + n)): where a range meets a parameter's span.
+inline std::pair<int64_t, int64_t> overlap(int64_t lo, int64_t hi, int64_t off, int64_t n) {
+  return {std::max(lo, off), std::min(hi, off + n)};
+}
 
 class Strategy {
  public:
@@ -53,13 +84,16 @@ class Strategy {
   /// values on every rank (zero3 keeps only shards otherwise; a no-op for
   /// the others). The values go stale at the next step().
   virtual void gather_parameters() {}
-};
 
-/// One parameter and its AdamW weight decay.
-struct ParamSpec {
-  Tensor param;
-  double weight_decay = 0.0;
-  int unit = 0;  // the model's unit (nn::WeightSource); zero3 shards per unit
+  /// The training state this rank holds, as pieces of global tensors (Note
+  /// [State pieces]). With `to_write`, this rank's share of a partition: the
+  /// ranks' shares cover every element once (what a checkpoint writes);
+  /// otherwise everything this rank holds (what a load must fill).
+  virtual std::vector<StatePiece> state_pieces(bool to_write) const = 0;
+  /// AdamW's step count (its bias correction).
+  virtual int64_t optimizer_steps() const = 0;
+  /// After the pieces of state_pieces(false) were filled from a checkpoint.
+  virtual void state_loaded(int64_t optimizer_steps) = 0;
 };
 
 struct StrategyOptions {

@@ -50,6 +50,7 @@ ZeroStrategy::ZeroStrategy(int stage, const AdamWOptions& o, std::vector<ParamSp
     Tensor piece = flat_param_.narrow(0, a, b - a);
     piece.set_grad(stage_ == 1 ? flat_grad_.narrow(0, a, b - a) : shard_grad_.narrow(0, a - lo, b - a));
     pieces_.push_back(piece);
+    piece_at_.emplace_back(i, a - offsets_[i]);
     add_to_group(groups, piece, params_[i].weight_decay);
   }
   opt_ = std::make_unique<AdamW>(std::move(groups), o);
@@ -95,6 +96,29 @@ void ZeroStrategy::step(double lr, double grad_scale) {
   opt_->set_lr(lr);
   opt_->step(grad_scale);
   pg_->all_gather(shard_of(flat_param_), flat_param_);
+  flat_param_.bump_version();
+}
+
+std::vector<StatePiece> ZeroStrategy::state_pieces(bool to_write) const {
+  // Parameters: all of them are here; this rank writes its range. AdamW's
+  // moments: only this rank's pieces exist.
+  std::vector<StatePiece> out;
+  const int64_t lo = to_write ? pg_->rank() * shard_ : 0, hi = to_write ? lo + shard_ : padded_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto [a, b] = overlap(lo, hi, offsets_[i], params_[i].param.numel());
+    if (a < b) out.push_back(state_piece("param", params_[i], a - offsets_[i], flat_param_.narrow(0, a, b - a)));
+  }
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const auto [m, v] = opt_->moments(pieces_[k]);
+    const ParamSpec& p = params_[piece_at_[k].first];
+    out.push_back(state_piece("adam_m", p, piece_at_[k].second, m));
+    out.push_back(state_piece("adam_v", p, piece_at_[k].second, v));
+  }
+  return out;
+}
+
+void ZeroStrategy::state_loaded(int64_t steps) {
+  opt_->set_steps(steps);
   flat_param_.bump_version();
 }
 

@@ -36,6 +36,9 @@ class ZeroStrategy : public Strategy {
   uint64_t optimizer_state_bytes() const override;
   uint64_t gradient_bytes() const override;
   uint64_t parameter_bytes() const override { return static_cast<uint64_t>(padded_) * sizeof(float); }
+  std::vector<StatePiece> state_pieces(bool to_write) const override;
+  int64_t optimizer_steps() const override { return opt_->steps(); }
+  void state_loaded(int64_t steps) override;
 
   int64_t shard_numel() const { return shard_; }
   int64_t padded_numel() const { return padded_; }
@@ -51,6 +54,7 @@ class ZeroStrategy : public Strategy {
   int64_t padded_ = 0, shard_ = 0;
   Tensor flat_param_, flat_grad_, shard_grad_;  // shard_grad_: zero2's gradient between steps
   std::vector<Tensor> pieces_;                  // parameter pieces in this rank's range
+  std::vector<std::pair<size_t, int64_t>> piece_at_;  // each piece's parameter and first element in it
   std::unique_ptr<AdamW> opt_;
 };
 

@@ -42,7 +42,7 @@ Zero3Strategy::Zero3Strategy(const AdamWOptions& o, std::vector<ParamSpec> param
     Unit& u = units_[static_cast<size_t>(p.unit)];
     u.members.push_back(members_.size());
     index_[p.param.impl()] = members_.size();
-    members_.push_back(Member{p.param, p.unit, u.numel});
+    members_.push_back(Member{p, p.param, p.unit, u.numel});
     u.numel += p.param.numel();
   }
   const int64_t n = pg_->size(), rank = pg_->rank();
@@ -77,6 +77,7 @@ Zero3Strategy::Zero3Strategy(const AdamWOptions& o, std::vector<ParamSpec> param
       Tensor piece = u.master.narrow(0, a - lo, b - a);
       piece.set_grad(u.shard_grad.narrow(0, a - lo, b - a));
       pieces_.push_back(piece);
+      piece_at_.emplace_back(i, a - m.offset);
       add_to_group(groups, piece, params[i].weight_decay);
     }
     for (size_t i : u.members) {
@@ -244,6 +245,29 @@ void Zero3Strategy::step(double lr, double grad_scale) {
   opt_->set_lr(lr);
   opt_->step(grad_scale);
   for (Unit& u : units_) {  // gathered values are stale now
+    release(u);
+    storage_of(u.full).release();
+  }
+}
+
+std::vector<StatePiece> Zero3Strategy::state_pieces(bool) const {
+  // Only this rank's pieces exist, masters and moments alike: they are both
+  // what it writes and what it must fill.
+  std::vector<StatePiece> out;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const ParamSpec& p = members_[piece_at_[k].first].spec;
+    const int64_t begin = piece_at_[k].second;
+    const auto [m, v] = opt_->moments(pieces_[k]);
+    out.push_back(state_piece("param", p, begin, pieces_[k]));
+    out.push_back(state_piece("adam_m", p, begin, m));
+    out.push_back(state_piece("adam_v", p, begin, v));
+  }
+  return out;
+}
+
+void Zero3Strategy::state_loaded(int64_t steps) {
+  opt_->set_steps(steps);
+  for (Unit& u : units_) {  // anything gathered holds the old values
     release(u);
     storage_of(u.full).release();
   }

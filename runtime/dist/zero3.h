@@ -59,6 +59,9 @@ class Zero3Strategy : public Strategy, public nn::WeightSource {
   uint64_t parameter_bytes() const override { return shard_bytes(); }
   nn::WeightSource* weight_source() override { return this; }
   void gather_parameters() override;
+  std::vector<StatePiece> state_pieces(bool to_write) const override;
+  int64_t optimizer_steps() const override { return opt_->steps(); }
+  void state_loaded(int64_t steps) override;
 
   // nn::WeightSource
   void enter(int unit) override;
@@ -71,6 +74,7 @@ class Zero3Strategy : public Strategy, public nn::WeightSource {
 
  private:
   struct Member {
+    ParamSpec spec;
     Tensor param;
     int unit = 0;
     int64_t offset = 0;  // in the unit's flat layout
@@ -102,6 +106,7 @@ class Zero3Strategy : public Strategy, public nn::WeightSource {
   std::unordered_map<const TensorImpl*, size_t> index_;  // parameter -> members_ index
   std::vector<Unit> units_;
   std::vector<Tensor> pieces_;  // master pieces in this rank's ranges (AdamW's parameters)
+  std::vector<std::pair<size_t, int64_t>> piece_at_;  // each piece's member and first element in it
   std::vector<std::shared_ptr<Work>> reductions_;
   std::unique_ptr<AdamW> opt_;
   bool last_ = true;

@@ -27,6 +27,12 @@ AdamW::AdamW(std::vector<Group> groups, const AdamWOptions& opts) : opts_(opts) 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& opts)
     : AdamW(std::vector<Group>{Group{std::move(params), opts.weight_decay}}, opts) {}
 
+std::pair<Tensor, Tensor> AdamW::moments(const Tensor& p) const {
+  for (const State& s : state_)
+    if (s.param.impl() == p.impl()) return {s.m, s.v};
+  BT_FAIL("AdamW::moments: a tensor of shape ", shape_str(p.shape()), " is not one of the optimizer's parameters");
+}
+
 void AdamW::step(double grad_scale) {
   NoGradGuard ng;
   ++steps_;

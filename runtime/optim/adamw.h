@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/tensor/tensor.h"
@@ -35,6 +36,12 @@ class AdamW {
   void set_lr(double lr) { opts_.lr = lr; }
   double lr() const { return opts_.lr; }
   int64_t steps() const { return steps_; }
+  /// Continues the bias correction from `n` steps (a checkpoint's count).
+  void set_steps(int64_t n) { steps_ = n; }
+  /// The moments of parameter `p` (matched by identity: the same tensor
+  /// handle's storage view the optimizer was built with). Throws bt::Error for
+  /// a tensor this optimizer does not update.
+  std::pair<Tensor, Tensor> moments(const Tensor& p) const;
 
  private:
   struct State {

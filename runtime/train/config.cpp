@@ -55,6 +55,14 @@ void TrainConfig::validate(int world) const {
            "dist.strategy must be ddp, zero1, zero2 or zero3, got '", dist.strategy, "'");
   positive("dist.bucket_mb", dist.bucket_mb);
   positive("dist.timeout_s", dist.timeout_s);
+  non_negative("train.stop_at_step", static_cast<double>(t.stop_at_step));
+  BT_CHECK(t.resume == "none" || t.resume == "auto" || !t.resume.empty(),
+           "train.resume must be none, auto or a checkpoint directory");
+  BT_CHECK(t.resume != "auto" || !checkpoint.dir.empty(),
+           "train.resume=auto needs checkpoint.dir (where to look for the latest checkpoint)");
+  non_negative("checkpoint.every", static_cast<double>(checkpoint.every));
+  non_negative("checkpoint.keep_last", static_cast<double>(checkpoint.keep_last));
+  non_negative("checkpoint.keep_every", static_cast<double>(checkpoint.keep_every));
   grad_accum(world);
 }
 

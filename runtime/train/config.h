@@ -41,6 +41,16 @@ struct TrainOptions {
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;  // 0 = whole vocabulary
   std::string save_weights;   // HDF5 weights file written at the end; empty = none
+  std::string resume = "none";  // none | auto (checkpoint.dir's latest) | a checkpoint directory
+  int64_t stop_at_step = 0;     // end this run after this step (a checkpoint is saved); 0 = train.steps
+};
+
+/// The `checkpoint:` section (docs/checkpoint-format.md).
+struct CheckpointOptions {
+  std::string dir;         // root of step_XXXXXXXX/ checkpoints; empty = no checkpoints
+  int64_t every = 0;       // steps between saves (0: only at the end of the run)
+  int64_t keep_last = 3;   // keep the newest K (0: all) ...
+  int64_t keep_every = 0;  // ... plus every checkpoint whose step is a multiple of M
 };
 
 /// The `dist:` section: how a job of several ranks splits the work (ignored
@@ -57,6 +67,7 @@ struct TrainConfig {
   DataConfig data;
   TrainOptions train;
   DistOptions dist;
+  CheckpointOptions checkpoint;
 
   /// Micro-batches per optimizer step for `world` ranks. Throws a bt::Error
   /// naming train.batch_size / train.micro_batch if they do not divide.

@@ -66,9 +66,11 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   }
   std::vector<dist::ParamSpec> ps;
   const std::vector<int> units = model_->param_units();
-  const std::vector<Tensor> params = model_->parameters();
-  for (size_t i = 0; i < params.size(); ++i)
-    ps.push_back({params[i], nn::Gpt::decays(params[i]) ? t.weight_decay : 0.0, units[i]});
+  const nn::NamedTensors& named = model_->named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Tensor& p = named[i].second;
+    ps.push_back({p, nn::Gpt::decays(p) ? t.weight_decay : 0.0, units[i], named[i].first});
+  }
   strategy_ = dist::make_strategy(so, std::move(ps), pg_);
   model_->set_weight_source(strategy_->weight_source());
   schedule_ = CosineSchedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
@@ -133,6 +135,29 @@ StepStats Trainer::step() {
   return s;
 }
 
+TrainerCounters Trainer::counters() const {
+  TrainerCounters c;
+  c.step = step_;
+  c.optimizer_steps = strategy_->optimizer_steps();
+  const LoaderState ls = train_->state();
+  c.data_epoch = ls.epoch;
+  c.data_samples = ls.position * cfg_.train.micro_batch * world_;
+  c.rng_seed = default_generator().seed();
+  c.rng_offset = default_generator().offset();
+  return c;
+}
+
+void Trainer::restore(const TrainerCounters& c) {
+  const int64_t batch = cfg_.train.micro_batch * world_;
+  BT_CHECK(c.data_samples % batch == 0, "the checkpoint's data position (", c.data_samples,
+           " samples into epoch ", c.data_epoch, ") is not a multiple of train.micro_batch x ranks = ", batch,
+           "; resume with a micro-batch and rank count whose product divides it");
+  train_->restore(LoaderState{c.data_epoch, c.data_samples / batch, cfg_.train.seed});
+  strategy_->state_loaded(c.optimizer_steps);
+  default_generator().set_state(c.rng_seed, c.rng_offset);
+  step_ = c.step;
+}
+
 void Trainer::finish_training() {
   if (finished_) return;
   strategy_->gather_parameters();
@@ -153,6 +178,8 @@ double Trainer::evaluate() {
   }
   return mean_over_ranks(static_cast<double>(total.item<float>()) / static_cast<double>(n));
 }
+
+bool Trainer::all_ranks(bool ok) { return mean_over_ranks(ok ? 1.0 : 0.0) == 1.0; }
 
 double Trainer::mean_over_ranks(double v) {
   if (!pg_) return v;

@@ -45,6 +45,15 @@ struct StepStats {
   uint64_t parameter_bytes = 0;        // f32 parameters this rank keeps between steps
 };
 
+/// The scalar training state a checkpoint keeps besides the state pieces.
+struct TrainerCounters {
+  int64_t step = 0;             // optimizer steps taken
+  int64_t optimizer_steps = 0;  // AdamW's count (bias correction)
+  int64_t data_epoch = 0;       // training loader: epoch ...
+  int64_t data_samples = 0;     // ... and samples of it consumed (independent of the world size)
+  uint64_t rng_seed = 0, rng_offset = 0;  // this rank's default generator
+};
+
 class Trainer {
  public:
   /// Validates `cfg`, resolves the device, sets the precision, builds the
@@ -70,6 +79,19 @@ class Trainer {
   int rank() const { return rank_; }
   /// The strategy in use ("local" for one process), with its memory figures.
   const dist::Strategy& strategy() const { return *strategy_; }
+  /// The training state this rank holds (dist::Strategy::state_pieces).
+  std::vector<dist::StatePiece> state_pieces(bool to_write) const { return strategy_->state_pieces(to_write); }
+  TrainerCounters counters() const;
+  /// After a checkpoint filled state_pieces(false): continue from `c`. Throws
+  /// bt::Error when the data position does not fall on a batch boundary of
+  /// this job (train.micro_batch x ranks).
+  void restore(const TrainerCounters& c);
+
+  /// The job's process group (null for one process).
+  dist::ProcessGroup* process_group() const { return pg_.get(); }
+  /// Collective: whether `ok` is true on every rank.
+  bool all_ranks(bool ok);
+
   /// Collective, after the last step: every rank's model holds its full
   /// parameters and runs on its own (sampling, saving weights). Under zero3
   /// the model otherwise holds only shards; further steps are refused.

@@ -1,0 +1,268 @@
+#include "checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "checkpoint/h5_util.h"
+#include "checkpoint/shard_file.h"
+#include "runtime/autograd/grad_mode.h"
+#include "runtime/tensor/factory.h"
+#include "runtime/tensor/shape.h"
+
+namespace bt::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string rank_stem(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d", rank);
+  return buf;
+}
+
+/// Writes `text` to `path` through a temporary file, fsync and rename.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    BT_CHECK(f.good(), "cannot create '", tmp, "': ", std::strerror(errno));
+    f << text;
+    f.flush();
+    BT_CHECK(f.good(), "cannot write '", tmp, "' (disk full?): ", std::strerror(errno));
+  }
+  h5::fsync_path(tmp, false);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    BT_FAIL("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
+  }
+}
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  BT_CHECK(f.good(), "cannot open '", path, "'");
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    BT_FAIL("'", path, "' is not valid JSON (", e.what(), "); the checkpoint is corrupt");
+  }
+}
+
+void barrier(dist::ProcessGroup* pg) {
+  if (pg) pg->barrier();
+}
+
+/// The step of "step_XXXXXXXX", or -1.
+int64_t step_of(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+/// Rank 0, after a commit: drops the checkpoints retention does not keep.
+void apply_retention(const std::string& root, int64_t keep_last, int64_t keep_every) {
+  if (keep_last <= 0) return;
+  const std::vector<std::string> all = list(root);
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
+    const int64_t step = step_of(fs::path(all[i]).filename().string());
+    if (keep_every > 0 && step % keep_every == 0) continue;
+    std::error_code ec;
+    fs::remove_all(all[i], ec);
+  }
+}
+
+}  // namespace
+
+std::string dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
+  const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
+  const std::string final_dir = (fs::path(r.root) / dir_name(r.step)).string();
+  const std::string tmp_dir = final_dir + ".tmp";
+  std::error_code ec;
+  if (rank == 0) {
+    fs::create_directories(r.root, ec);
+    BT_CHECK(fs::is_directory(r.root, ec), "cannot create checkpoint directory '", r.root, "': ", ec.message());
+    for (const auto& e : fs::directory_iterator(r.root, ec))  // saves that died half-way
+      if (e.is_directory() && e.path().extension() == ".tmp") fs::remove_all(e.path(), ec);
+    BT_CHECK(!fs::exists(final_dir, ec) || !fs::exists(fs::path(final_dir) / "index.json", ec),
+             "checkpoint '", final_dir, "' already exists; use another checkpoint.dir or remove it");
+    fs::remove_all(final_dir, ec);  // an index-less leftover is not a checkpoint
+    BT_CHECK(fs::create_directory(tmp_dir, ec), "cannot create '", tmp_dir, "': ", ec.message());
+  }
+  barrier(pg);
+
+  // 2. this rank's file and fragment.
+  const std::string stem = rank_stem(rank);
+  try {
+    const auto written = write_shard_file(tmp_dir + "/" + stem + ".h5", stem + ".h5", r.pieces);
+    json frag;
+    frag["rank"] = rank;
+    frag["file"] = stem + ".h5";
+    frag["device"] = r.device;
+    frag["counters"] = r.rank_counters;
+    frag["pieces"] = json::array();
+    for (size_t i = 0; i < written.size(); ++i) {
+      const SavedPiece& p = written[i].second;
+      frag["pieces"].push_back({{"name", written[i].first},
+                                {"shape", r.pieces[i].shape},
+                                {"dataset", p.dataset},
+                                {"begin", p.begin},
+                                {"end", p.end},
+                                {"crc32", p.crc32}});
+    }
+    write_atomically(tmp_dir + "/" + stem + ".json", frag.dump());
+  } catch (...) {
+    if (world == 1) fs::remove_all(tmp_dir, ec);  // with more ranks the next save removes it
+    throw;
+  }
+  barrier(pg);
+
+  // 3. rank 0 commits.
+  if (rank == 0) {
+    try {
+      Index idx;
+      idx.step = r.step;
+      idx.world_size = world;
+      idx.strategy = r.strategy;
+      idx.config = r.config;
+      idx.counters = r.counters;
+      for (int q = 0; q < world; ++q) {
+        const std::string frag_path = tmp_dir + "/" + rank_stem(q) + ".json";
+        const json frag = read_json(frag_path);
+        idx.ranks.push_back({q, frag.at("file").get<std::string>(), frag.at("device").get<std::string>(),
+                             frag.at("counters").get<std::map<std::string, int64_t>>()});
+        for (const json& p : frag.at("pieces")) {
+          SavedTensor& t = idx.tensors[p.at("name").get<std::string>()];
+          t.shape = p.at("shape").get<std::vector<int64_t>>();
+          t.pieces.push_back({frag.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
+                              p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(), p.at("crc32").get<uint32_t>()});
+        }
+      }
+      for (auto& [name, t] : idx.tensors)
+        std::sort(t.pieces.begin(), t.pieces.end(),
+                  [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
+      const std::vector<std::string> problems = idx.completeness_problems();
+      BT_CHECK(problems.empty(), "checkpoint '", final_dir, "' would be incomplete: ", problems.front(),
+               " (a strategy wrote overlapping or missing shares)");
+      write_atomically(tmp_dir + "/index.json", idx.to_json().dump(1));
+      h5::fsync_path(tmp_dir, true);
+      if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+        BT_FAIL("cannot rename '", tmp_dir, "' to '", final_dir, "': ", std::strerror(errno));
+      h5::fsync_path(r.root, true);
+      write_atomically((fs::path(r.root) / "latest").string(), dir_name(r.step) + "\n");
+      h5::fsync_path(r.root, true);
+      apply_retention(r.root, r.keep_last, r.keep_every);
+    } catch (...) {
+      fs::remove_all(tmp_dir, ec);
+      throw;
+    }
+  }
+  barrier(pg);
+  return final_dir;
+}
+
+std::vector<std::string> list(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && e.is_directory() && fs::is_regular_file(e.path() / "index.json", ec))
+      found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [s, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+std::string latest(const std::string& root) {
+  std::ifstream f(fs::path(root) / "latest");
+  std::string name;
+  if (f >> name && step_of(name) >= 0) {
+    const fs::path dir = fs::path(root) / name;
+    std::error_code ec;
+    const std::vector<std::string> all = list(root);
+    // `latest` is replaced after the rename, so a newer complete checkpoint
+    // can exist when a job died in between: take the newest.
+    if (fs::is_regular_file(dir / "index.json", ec) && !all.empty() && all.back() == dir.string())
+      return dir.string();
+  }
+  const std::vector<std::string> all = list(root);
+  return all.empty() ? std::string() : all.back();
+}
+
+Index read_index(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "index.json").string();
+  std::error_code ec;
+  BT_CHECK(fs::is_regular_file(path, ec), "'", dir, "' is not a checkpoint: it has no index.json (",
+           "an unfinished save, or the wrong directory)");
+  return Index::from_json(read_json(path), path);
+}
+
+void load_pieces(const std::string& dir, const Index& idx, const std::vector<dist::StatePiece>& pieces) {
+  ShardReader reader(dir);
+  NoGradGuard ng;
+  for (const dist::StatePiece& p : pieces) {
+    auto it = idx.tensors.find(p.name);
+    if (it == idx.tensors.end())
+      throw Incompatible(cat("checkpoint '", dir, "' has no tensor '", p.name,
+                             "': it was saved from a different model; start without train.resume or use a "
+                             "checkpoint of this model"));
+    const SavedTensor& t = it->second;
+    if (t.shape != p.shape)
+      throw Incompatible(cat("checkpoint '", dir, "': tensor '", p.name, "' has shape ", shape_str(t.shape),
+                             " there but ", shape_str(p.shape), " in this model (a different model shape)"));
+    Tensor host = empty({p.end - p.begin}, TensorOptions{});
+    float* out = host.data<float>();
+    int64_t covered = 0;
+    for (const SavedPiece& s : t.pieces) {
+      const int64_t lo = std::max(p.begin, s.begin), hi = std::min(p.end, s.end);
+      if (lo >= hi) continue;
+      reader.read(s, lo, hi, out + (lo - p.begin));
+      covered += hi - lo;
+    }
+    BT_CHECK(covered == p.end - p.begin, "checkpoint '", dir, "': tensor '", p.name, "' elements [", p.begin, ", ",
+             p.end, ") are not all saved (", covered, " found); the index is incomplete");
+    Tensor(p.data).copy_(host);
+  }
+}
+
+std::vector<std::string> verify(const std::string& dir) {
+  std::vector<std::string> problems;
+  Index idx;
+  try {
+    idx = read_index(dir);
+  } catch (const Error& e) {
+    return {e.what()};
+  }
+  problems = idx.completeness_problems();
+  ShardReader reader(dir);
+  std::vector<float> buf;
+  for (const auto& [name, t] : idx.tensors)
+    for (const SavedPiece& p : t.pieces) {
+      buf.resize(static_cast<size_t>(p.end - p.begin));
+      try {
+        reader.read(p, p.begin, p.end, buf.data());  // whole piece: Fletcher-32 and crc32
+      } catch (const Error& e) {
+        problems.push_back(e.what());
+      }
+    }
+  return problems;
+}
+
+}  // namespace bt::ckpt

@@ -1,0 +1,96 @@
+#include "checkpoint/index.h"
+
+#include <algorithm>
+#include <set>
+
+#include "kernels/common/error.h"
+
+namespace bt::ckpt {
+
+using json = nlohmann::json;
+
+int64_t SavedTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+json Index::to_json() const {
+  json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["step"] = step;
+  j["world"] = {{"size", world_size}, {"strategy", strategy}};
+  j["config"] = config;
+  j["counters"] = counters;
+  j["ranks"] = json::array();
+  for (const RankRecord& r : ranks)
+    j["ranks"].push_back({{"rank", r.rank}, {"file", r.file}, {"device", r.device}, {"counters", r.counters}});
+  j["tensors"] = json::object();
+  for (const auto& [name, t] : tensors) {
+    json pieces = json::array();
+    for (const SavedPiece& p : t.pieces)
+      pieces.push_back(
+          {{"file", p.file}, {"dataset", p.dataset}, {"begin", p.begin}, {"end", p.end}, {"crc32", p.crc32}});
+    j["tensors"][name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"pieces", pieces}};
+  }
+  return j;
+}
+
+Index Index::from_json(const json& j, const std::string& where) {
+  try {
+    BT_CHECK(j.value("format", std::string()) == kFormat, where, ": not a BluTrain checkpoint index (format '",
+             j.value("format", std::string()), "', expected '", kFormat, "')");
+    const int64_t v = j.at("version").get<int64_t>();
+    BT_CHECK(v <= kVersion, where, ": checkpoint format version ", v, " is newer than this build's (", kVersion,
+             "); use a newer blutrain");
+    Index x;
+    x.step = j.at("step").get<int64_t>();
+    x.world_size = j.at("world").at("size").get<int>();
+    x.strategy = j.at("world").at("strategy").get<std::string>();
+    x.config = j.at("config");
+    x.counters = j.at("counters").get<std::map<std::string, int64_t>>();
+    for (const json& r : j.at("ranks"))
+      x.ranks.push_back({r.at("rank").get<int>(), r.at("file").get<std::string>(),
+                         r.at("device").get<std::string>(), r.at("counters").get<std::map<std::string, int64_t>>()});
+    for (const auto& [name, t] : j.at("tensors").items()) {
+      SavedTensor st;
+      st.shape = t.at("shape").get<std::vector<int64_t>>();
+      st.dtype = t.at("dtype").get<std::string>();
+      for (const json& p : t.at("pieces"))
+        st.pieces.push_back({p.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
+                             p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(), p.at("crc32").get<uint32_t>()});
+      std::sort(st.pieces.begin(), st.pieces.end(),
+                [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
+      x.tensors.emplace(name, std::move(st));
+    }
+    return x;
+  } catch (const json::exception& e) {
+    BT_FAIL(where, ": malformed checkpoint index (", e.what(), "); the checkpoint is corrupt");
+  }
+}
+
+std::vector<std::string> Index::completeness_problems() const {
+  std::vector<std::string> out;
+  std::set<std::string> files;
+  for (const RankRecord& r : ranks) files.insert(r.file);
+  if (static_cast<int>(ranks.size()) != world_size)
+    out.push_back(cat("the index lists ", ranks.size(), " rank files for a world of ", world_size));
+  for (const auto& [name, t] : tensors) {
+    int64_t at = 0;
+    for (const SavedPiece& p : t.pieces) {
+      if (p.begin != at) {
+        out.push_back(cat("tensor ", name, ": elements [", std::min(at, p.begin), ", ", std::max(at, p.begin), ") are ",
+                          p.begin > at ? "missing" : "saved twice"));
+        break;
+      }
+      if (!files.count(p.file)) out.push_back(cat("tensor ", name, ": piece in unknown file ", p.file));
+      at = p.end;
+    }
+    if (at != t.numel() && (t.pieces.empty() || t.pieces.back().end == at))
+      out.push_back(cat("tensor ", name, ": pieces cover ", at, " of its ", t.numel(), " elements"));
+  }
+  return out;
+}
+
+}  // namespace bt::ckpt

@@ -1,0 +1,58 @@
+// The index of one checkpoint, DIR/index.json, written last by rank 0: what
+// the checkpoint holds and where each piece of each tensor lies
+// (docs/checkpoint-format.md). A checkpoint directory without it is not a
+// checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace bt::ckpt {
+
+inline constexpr const char* kFormat = "blutrain-checkpoint";
+inline constexpr int64_t kVersion = 1;
+
+/// One saved range [begin, end) of a tensor's flattened elements.
+struct SavedPiece {
+  std::string file;     // rank_RRRRR.h5, relative to the checkpoint directory
+  std::string dataset;  // "<tensor name>/<begin>"
+  int64_t begin = 0, end = 0;
+  uint32_t crc32 = 0;  // zlib crc32 of the little-endian f32 bytes
+};
+
+struct SavedTensor {
+  std::vector<int64_t> shape;
+  std::string dtype = "f32";
+  std::vector<SavedPiece> pieces;  // sorted by begin
+  int64_t numel() const;
+};
+
+/// What one rank wrote (its fragment, rank_RRRRR.json, merged into the index).
+struct RankRecord {
+  int rank = 0;
+  std::string file, device;
+  std::map<std::string, int64_t> counters;  // per-rank scalars (its RNG state)
+};
+
+struct Index {
+  int64_t step = 0;
+  int world_size = 1;
+  std::string strategy;                     // "local" for one process
+  nlohmann::json config;                    // the resolved job config
+  std::map<std::string, int64_t> counters;  // job-wide scalars (step, data position, AdamW steps)
+  std::vector<RankRecord> ranks;
+  std::map<std::string, SavedTensor> tensors;
+
+  nlohmann::json to_json() const;
+  /// Throws bt::Error naming `where` for a malformed index or another format/version.
+  static Index from_json(const nlohmann::json& j, const std::string& where);
+  /// Problems that make the index unusable: a tensor whose pieces leave a gap
+  /// or overlap, or do not end at its size; a piece in a file no rank wrote.
+  std::vector<std::string> completeness_problems() const;
+};
+
+}  // namespace bt::ckpt
