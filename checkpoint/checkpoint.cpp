@@ -96,7 +96,8 @@ std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
   std::error_code ec;
   if (rank == 0) {
     fs::create_directories(r.root, ec);
-    BT_CHECK(fs::is_directory(r.root, ec), "cannot create checkpoint directory '", r.root, "': ", ec.message());
+    BT_CHECK(fs::is_directory(r.root, ec), "cannot create checkpoint directory '", r.root,
+             "': ", ec.message());
     for (const auto& e : fs::directory_iterator(r.root, ec))  // saves that died half-way
       if (e.is_directory() && e.path().extension() == ".tmp") fs::remove_all(e.path(), ec);
     BT_CHECK(!fs::exists(final_dir, ec) || !fs::exists(fs::path(final_dir) / "index.json", ec),
@@ -150,7 +151,8 @@ std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
           SavedTensor& t = idx.tensors[p.at("name").get<std::string>()];
           t.shape = p.at("shape").get<std::vector<int64_t>>();
           t.pieces.push_back({frag.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
-                              p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(), p.at("crc32").get<uint32_t>()});
+                              p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
+                              p.at("crc32").get<uint32_t>()});
         }
       }
       for (auto& [name, t] : idx.tensors)
@@ -236,8 +238,8 @@ void load_pieces(const std::string& dir, const Index& idx, const std::vector<dis
       reader.read(s, lo, hi, out + (lo - p.begin));
       covered += hi - lo;
     }
-    BT_CHECK(covered == p.end - p.begin, "checkpoint '", dir, "': tensor '", p.name, "' elements [", p.begin, ", ",
-             p.end, ") are not all saved (", covered, " found); the index is incomplete");
+    BT_CHECK(covered == p.end - p.begin, "checkpoint '", dir, "': tensor '", p.name, "' elements [", p.begin,
+             ", ", p.end, ") are not all saved (", covered, " found); the index is incomplete");
     Tensor(p.data).copy_(host);
   }
 }

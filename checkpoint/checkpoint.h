@@ -30,12 +30,12 @@ namespace bt::ckpt {
 struct SaveRequest {
   std::string root;  // checkpoint.dir
   int64_t step = 0;
-  std::vector<dist::StatePiece> pieces;           // this rank's share (Strategy::state_pieces(true))
-  std::map<std::string, int64_t> counters;        // job-wide scalars (rank 0's are kept)
-  std::map<std::string, int64_t> rank_counters;   // this rank's own (its RNG state)
-  nlohmann::json config;                          // the resolved config
+  std::vector<dist::StatePiece> pieces;          // this rank's share (Strategy::state_pieces(true))
+  std::map<std::string, int64_t> counters;       // job-wide scalars (rank 0's are kept)
+  std::map<std::string, int64_t> rank_counters;  // this rank's own (its RNG state)
+  nlohmann::json config;                         // the resolved config
   std::string strategy = "local";
-  std::string device;                             // this rank's device
+  std::string device;      // this rank's device
   int64_t keep_last = 0;   // retention: keep the newest K (0: keep all) ...
   int64_t keep_every = 0;  // ... and every checkpoint whose step is a multiple of M (0: none)
 };

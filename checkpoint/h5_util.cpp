@@ -15,7 +15,7 @@ namespace bt::h5 {
 void write_int_attr(hid_t loc, const std::string& name, int64_t value) {
   Id space(BT_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
   Id attr(BT_H5_CHECK(H5Acreate2(loc, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)),
-            H5Aclose);
+          H5Aclose);
   BT_H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &value));
 }
 
@@ -52,7 +52,6 @@ std::string read_string_attr(hid_t attr, hid_t file_type) {
   return buf;
 }
 
-
 namespace {
 
 herr_t collect_error(unsigned, const H5E_error2_t* e, void* out) {
@@ -72,7 +71,6 @@ std::string error_stack() {
   for (const auto& m : msgs) out += (out.empty() ? "" : "; ") + m;
   return out.empty() ? "unknown HDF5 error" : out;
 }
-
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);

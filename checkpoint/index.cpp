@@ -25,7 +25,8 @@ json Index::to_json() const {
   j["counters"] = counters;
   j["ranks"] = json::array();
   for (const RankRecord& r : ranks)
-    j["ranks"].push_back({{"rank", r.rank}, {"file", r.file}, {"device", r.device}, {"counters", r.counters}});
+    j["ranks"].push_back(
+        {{"rank", r.rank}, {"file", r.file}, {"device", r.device}, {"counters", r.counters}});
   j["tensors"] = json::object();
   for (const auto& [name, t] : tensors) {
     json pieces = json::array();
@@ -39,11 +40,12 @@ json Index::to_json() const {
 
 Index Index::from_json(const json& j, const std::string& where) {
   try {
-    BT_CHECK(j.value("format", std::string()) == kFormat, where, ": not a BluTrain checkpoint index (format '",
-             j.value("format", std::string()), "', expected '", kFormat, "')");
+    BT_CHECK(j.value("format", std::string()) == kFormat, where,
+             ": not a BluTrain checkpoint index (format '", j.value("format", std::string()), "', expected '",
+             kFormat, "')");
     const int64_t v = j.at("version").get<int64_t>();
-    BT_CHECK(v <= kVersion, where, ": checkpoint format version ", v, " is newer than this build's (", kVersion,
-             "); use a newer blutrain");
+    BT_CHECK(v <= kVersion, where, ": checkpoint format version ", v, " is newer than this build's (",
+             kVersion, "); use a newer blutrain");
     Index x;
     x.step = j.at("step").get<int64_t>();
     x.world_size = j.at("world").at("size").get<int>();
@@ -52,14 +54,16 @@ Index Index::from_json(const json& j, const std::string& where) {
     x.counters = j.at("counters").get<std::map<std::string, int64_t>>();
     for (const json& r : j.at("ranks"))
       x.ranks.push_back({r.at("rank").get<int>(), r.at("file").get<std::string>(),
-                         r.at("device").get<std::string>(), r.at("counters").get<std::map<std::string, int64_t>>()});
+                         r.at("device").get<std::string>(),
+                         r.at("counters").get<std::map<std::string, int64_t>>()});
     for (const auto& [name, t] : j.at("tensors").items()) {
       SavedTensor st;
       st.shape = t.at("shape").get<std::vector<int64_t>>();
       st.dtype = t.at("dtype").get<std::string>();
       for (const json& p : t.at("pieces"))
         st.pieces.push_back({p.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
-                             p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(), p.at("crc32").get<uint32_t>()});
+                             p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
+                             p.at("crc32").get<uint32_t>()});
       std::sort(st.pieces.begin(), st.pieces.end(),
                 [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
       x.tensors.emplace(name, std::move(st));
@@ -80,8 +84,8 @@ std::vector<std::string> Index::completeness_problems() const {
     int64_t at = 0;
     for (const SavedPiece& p : t.pieces) {
       if (p.begin != at) {
-        out.push_back(cat("tensor ", name, ": elements [", std::min(at, p.begin), ", ", std::max(at, p.begin), ") are ",
-                          p.begin > at ? "missing" : "saved twice"));
+        out.push_back(cat("tensor ", name, ": elements [", std::min(at, p.begin), ", ", std::max(at, p.begin),
+                          ") are ", p.begin > at ? "missing" : "saved twice"));
         break;
       }
       if (!files.count(p.file)) out.push_back(cat("tensor ", name, ": piece in unknown file ", p.file));

@@ -37,8 +37,8 @@ uint32_t crc32_of(const float* data, int64_t n) {
   return static_cast<uint32_t>(crc);
 }
 
-std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::string& path, const std::string& file_name,
-                                                                 const std::vector<dist::StatePiece>& pieces) {
+std::vector<std::pair<std::string, SavedPiece>> write_shard_file(
+    const std::string& path, const std::string& file_name, const std::vector<dist::StatePiece>& pieces) {
   detail::h5_silence_auto_errors();
   std::vector<std::pair<std::string, SavedPiece>> out;
   h5::with_context(cat("cannot write checkpoint file '", path, "'"), [&] {
@@ -99,21 +99,24 @@ void ShardReader::read(const SavedPiece& p, int64_t lo, int64_t hi, float* out) 
   BT_ASSERT(p.begin <= lo && lo < hi && hi <= p.end);
   const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
   const hid_t f = static_cast<hid_t>(file(p.file));
-  h5::with_context(cat("cannot read ", where, " (corrupt: a checksum does not match, or the file is damaged)"), [&] {
-    h5::Id dset(BT_H5_CHECK(H5Dopen2(f, p.dataset.c_str(), H5P_DEFAULT)), H5Dclose);
-    h5::Id space(BT_H5_CHECK(H5Dget_space(dset)), H5Sclose);
-    hsize_t dims[1] = {0};
-    BT_CHECK(H5Sget_simple_extent_ndims(space) == 1, where, " is not 1-D");
-    BT_H5_CHECK(H5Sget_simple_extent_dims(space, dims, nullptr));
-    BT_CHECK(static_cast<int64_t>(dims[0]) == p.end - p.begin, where, " holds ", dims[0],
-             " elements but the index says ", p.end - p.begin, "; the checkpoint is corrupt");
-    const hsize_t start[1] = {static_cast<hsize_t>(lo - p.begin)}, count[1] = {static_cast<hsize_t>(hi - lo)};
-    BT_H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr));
-    h5::Id mem(BT_H5_CHECK(H5Screate_simple(1, count, nullptr)), H5Sclose);
-    BT_H5_CHECK(H5Dread(dset, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, out));
-  });
+  h5::with_context(
+      cat("cannot read ", where, " (corrupt: a checksum does not match, or the file is damaged)"), [&] {
+        h5::Id dset(BT_H5_CHECK(H5Dopen2(f, p.dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+        h5::Id space(BT_H5_CHECK(H5Dget_space(dset)), H5Sclose);
+        hsize_t dims[1] = {0};
+        BT_CHECK(H5Sget_simple_extent_ndims(space) == 1, where, " is not 1-D");
+        BT_H5_CHECK(H5Sget_simple_extent_dims(space, dims, nullptr));
+        BT_CHECK(static_cast<int64_t>(dims[0]) == p.end - p.begin, where, " holds ", dims[0],
+                 " elements but the index says ", p.end - p.begin, "; the checkpoint is corrupt");
+        const hsize_t start[1] = {static_cast<hsize_t>(lo - p.begin)},
+                      count[1] = {static_cast<hsize_t>(hi - lo)};
+        BT_H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr));
+        h5::Id mem(BT_H5_CHECK(H5Screate_simple(1, count, nullptr)), H5Sclose);
+        BT_H5_CHECK(H5Dread(dset, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, out));
+      });
   if (lo == p.begin && hi == p.end)
-    BT_CHECK(crc32_of(out, hi - lo) == p.crc32, where, " does not match its crc32 in the index: the checkpoint is corrupt");
+    BT_CHECK(crc32_of(out, hi - lo) == p.crc32, where,
+             " does not match its crc32 in the index: the checkpoint is corrupt");
 }
 
 }  // namespace bt::ckpt

@@ -29,7 +29,8 @@ uint32_t crc32_of(const float* data, int64_t n);
 /// Writes `pieces` (any device) to a new file `path`, fsyncs it, and returns
 /// the index entries (file name `file_name`) with their checksums. Throws
 /// bt::Error naming `path` on any failure (a full disk included).
-std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::string& path, const std::string& file_name,
+std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::string& path,
+                                                                 const std::string& file_name,
                                                                  const std::vector<dist::StatePiece>& pieces);
 
 /// Open rank files of one checkpoint, read by ranges.

@@ -64,12 +64,12 @@ void write_file(const std::string& tmp, const std::vector<std::pair<std::string,
     const Tensor host = t.detach().to(Device::cpu()).to(DType::F32).contiguous();
     std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
     h5::Id space(dims.empty()
-                   ? BT_H5_CHECK(H5Screate(H5S_SCALAR))
-                   : BT_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)),
-               H5Sclose);
+                     ? BT_H5_CHECK(H5Screate(H5S_SCALAR))
+                     : BT_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)),
+                 H5Sclose);
     h5::Id dset(BT_H5_CHECK(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
-                                     H5P_DEFAULT)),
-              H5Dclose);
+                                       H5P_DEFAULT)),
+                H5Dclose);
     if (host.numel() > 0)
       BT_H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data<float>()));
   }

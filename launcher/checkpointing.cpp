@@ -66,7 +66,8 @@ std::string save_checkpoint(train::Trainer& tr, const nlohmann::json& resolved_c
   r.step = c.step;
   r.pieces = tr.state_pieces(true);
   r.counters = job_counters(c);
-  r.rank_counters = {{"rng_seed", static_cast<int64_t>(c.rng_seed)}, {"rng_offset", static_cast<int64_t>(c.rng_offset)}};
+  r.rank_counters = {{"rng_seed", static_cast<int64_t>(c.rng_seed)},
+                     {"rng_offset", static_cast<int64_t>(c.rng_offset)}};
   r.config = resolved_config;
   r.strategy = tr.strategy().name();
   r.device = tr.device().str();

@@ -13,5 +13,6 @@ int run_train(int argc, char** argv);
 int run_sample(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_launch(int argc, char** argv);
+int run_ckpt(int argc, char** argv);
 
 }  // namespace bt::launcher

@@ -19,11 +19,12 @@ void usage() {
       "  tokenize  GPT-2-tokenize text files into llm.c token shards (PREFIX_{val,train}_*.bin)\n"
       "  bench     training throughput and memory vs the PyTorch reference, side by side\n"
       "  launch    start N ranks of a command through mpirun (launch --nproc N -- train ...)\n"
+      "  ckpt      list, inspect, verify or export checkpoints (ckpt ls|inspect|verify|export)\n"
       "  demo      train a small character-level GPT on a text file and print a sample\n"
       "  info      show the build (CUDA, MPI, MLIR) and the devices found\n"
       "  version   print the version\n\n"
       "Run `blutrain <command> --help` for a command's options.\n"
-      "(ckpt, slurm and k8s arrive with later milestones)\n");
+      "(slurm and k8s arrive with later milestones)\n");
 }
 
 }  // namespace
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return bt::launcher::run_tokenize(argc - 1, argv + 1);
     if (cmd == "bench") return bt::launcher::run_bench(argc - 1, argv + 1);
     if (cmd == "launch") return bt::launcher::run_launch(argc - 1, argv + 1);
+    if (cmd == "ckpt") return bt::launcher::run_ckpt(argc - 1, argv + 1);
     if (cmd == "demo") return bt::launcher::run_demo(argc - 1, argv + 1);
     if (cmd == "info") return bt::launcher::run_info(argc - 1, argv + 1);
     if (cmd == "version" || cmd == "--version") {

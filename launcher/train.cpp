@@ -170,7 +170,8 @@ int run_train(int argc, char** argv) {
   }
   if (last_step < t.steps) {
     std::printf("stopped after step %lld of %lld (train.stop_at_step)%s\n", static_cast<long long>(last_step),
-                static_cast<long long>(t.steps), cfg.checkpoint.dir.empty() ? "" : "; resume with train.resume=auto");
+                static_cast<long long>(t.steps),
+                cfg.checkpoint.dir.empty() ? "" : "; resume with train.resume=auto");
   }
 
   tr.finish_training();  // every rank: zero3 gathers the full parameters

@@ -106,7 +106,8 @@ std::vector<StatePiece> ZeroStrategy::state_pieces(bool to_write) const {
   const int64_t lo = to_write ? pg_->rank() * shard_ : 0, hi = to_write ? lo + shard_ : padded_;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto [a, b] = overlap(lo, hi, offsets_[i], params_[i].param.numel());
-    if (a < b) out.push_back(state_piece("param", params_[i], a - offsets_[i], flat_param_.narrow(0, a, b - a)));
+    if (a < b)
+      out.push_back(state_piece("param", params_[i], a - offsets_[i], flat_param_.narrow(0, a, b - a)));
   }
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const auto [m, v] = opt_->moments(pieces_[k]);

@@ -52,8 +52,8 @@ class ZeroStrategy : public Strategy {
   std::vector<int64_t> offsets_;
   std::shared_ptr<ProcessGroup> pg_;
   int64_t padded_ = 0, shard_ = 0;
-  Tensor flat_param_, flat_grad_, shard_grad_;  // shard_grad_: zero2's gradient between steps
-  std::vector<Tensor> pieces_;                  // parameter pieces in this rank's range
+  Tensor flat_param_, flat_grad_, shard_grad_;        // shard_grad_: zero2's gradient between steps
+  std::vector<Tensor> pieces_;                        // parameter pieces in this rank's range
   std::vector<std::pair<size_t, int64_t>> piece_at_;  // each piece's parameter and first element in it
   std::unique_ptr<AdamW> opt_;
 };

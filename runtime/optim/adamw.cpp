@@ -30,7 +30,8 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& opts)
 std::pair<Tensor, Tensor> AdamW::moments(const Tensor& p) const {
   for (const State& s : state_)
     if (s.param.impl() == p.impl()) return {s.m, s.v};
-  BT_FAIL("AdamW::moments: a tensor of shape ", shape_str(p.shape()), " is not one of the optimizer's parameters");
+  BT_FAIL("AdamW::moments: a tensor of shape ", shape_str(p.shape()),
+          " is not one of the optimizer's parameters");
 }
 
 void AdamW::step(double grad_scale) {

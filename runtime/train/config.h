@@ -39,8 +39,8 @@ struct TrainOptions {
   int64_t sample_tokens = 200;  // 0 = no sample at the end
   std::string sample_prompt = "\n";
   double sample_temperature = 0.8;
-  int64_t sample_top_k = 40;  // 0 = whole vocabulary
-  std::string save_weights;   // HDF5 weights file written at the end; empty = none
+  int64_t sample_top_k = 40;    // 0 = whole vocabulary
+  std::string save_weights;     // HDF5 weights file written at the end; empty = none
   std::string resume = "none";  // none | auto (checkpoint.dir's latest) | a checkpoint directory
   int64_t stop_at_step = 0;     // end this run after this step (a checkpoint is saved); 0 = train.steps
 };

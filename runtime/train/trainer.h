@@ -47,10 +47,10 @@ struct StepStats {
 
 /// The scalar training state a checkpoint keeps besides the state pieces.
 struct TrainerCounters {
-  int64_t step = 0;             // optimizer steps taken
-  int64_t optimizer_steps = 0;  // AdamW's count (bias correction)
-  int64_t data_epoch = 0;       // training loader: epoch ...
-  int64_t data_samples = 0;     // ... and samples of it consumed (independent of the world size)
+  int64_t step = 0;                       // optimizer steps taken
+  int64_t optimizer_steps = 0;            // AdamW's count (bias correction)
+  int64_t data_epoch = 0;                 // training loader: epoch ...
+  int64_t data_samples = 0;               // ... and samples of it consumed (independent of the world size)
   uint64_t rng_seed = 0, rng_offset = 0;  // this rank's default generator
 };
 
@@ -80,7 +80,9 @@ class Trainer {
   /// The strategy in use ("local" for one process), with its memory figures.
   const dist::Strategy& strategy() const { return *strategy_; }
   /// The training state this rank holds (dist::Strategy::state_pieces).
-  std::vector<dist::StatePiece> state_pieces(bool to_write) const { return strategy_->state_pieces(to_write); }
+  std::vector<dist::StatePiece> state_pieces(bool to_write) const {
+    return strategy_->state_pieces(to_write);
+  }
   TrainerCounters counters() const;
   /// After a checkpoint filled state_pieces(false): continue from `c`. Throws
   /// bt::Error when the data position does not fall on a batch boundary of

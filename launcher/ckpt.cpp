@@ -1,0 +1,184 @@
+// `blutrain ckpt ls ROOT | inspect DIR | verify DIR | export DIR OUT.h5 [--llmc OUT.bin]`:
+// looks at the checkpoints `blutrain train` writes (checkpoint/checkpoint.h).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint.h"
+#include "launcher/commands.h"
+#include "launcher/model_file.h"
+#include "launcher/progress.h"
+#include "runtime/nn/gpt.h"
+
+namespace bt::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
+}
+
+int ls(const std::string& root) {
+  const std::vector<std::string> all = ckpt::list(root);
+  if (all.empty()) {
+    std::printf("no complete checkpoint in %s\n", root.c_str());
+    return 1;
+  }
+  const std::string latest = ckpt::latest(root);
+  std::printf("%-16s %8s %6s %-9s %10s\n", "checkpoint", "step", "ranks", "strategy", "size");
+  for (const std::string& d : all) {
+    const ckpt::Index idx = ckpt::read_index(d);
+    std::printf("%-16s %8lld %6d %-9s %10s%s\n", fs::path(d).filename().c_str(),
+                static_cast<long long>(idx.step), idx.world_size, idx.strategy.c_str(),
+                human_bytes(dir_bytes(d)).c_str(), d == latest ? "  <- latest" : "");
+  }
+  return 0;
+}
+
+int inspect(const std::string& dir) {
+  const ckpt::Index idx = ckpt::read_index(dir);
+  std::printf("%s: step %lld, saved by %d rank(s), strategy %s\n", dir.c_str(),
+              static_cast<long long>(idx.step), idx.world_size, idx.strategy.c_str());
+  for (const auto& [k, v] : idx.counters) std::printf("  %s = %lld\n", k.c_str(), static_cast<long long>(v));
+  for (const ckpt::RankRecord& r : idx.ranks)
+    std::printf("  rank %d: %s on %s\n", r.rank, r.file.c_str(), r.device.c_str());
+  std::printf("  %zu tensors:\n", idx.tensors.size());
+  for (const auto& [name, t] : idx.tensors)
+    std::printf("    %-40s %-16s %zu piece(s)\n", name.c_str(), shape_str(t.shape).c_str(), t.pieces.size());
+  return 0;
+}
+
+int verify(const std::string& dir) {
+  const std::vector<std::string> problems = ckpt::verify(dir);
+  if (problems.empty()) {
+    const ckpt::Index idx = ckpt::read_index(dir);
+    size_t pieces = 0;
+    for (const auto& [n, t] : idx.tensors) pieces += t.pieces.size();
+    std::printf("%s: ok (%zu tensors, %zu pieces, every checksum matches)\n", dir.c_str(), idx.tensors.size(),
+                pieces);
+    return 0;
+  }
+  for (const std::string& p : problems) std::fprintf(stderr, "%s: %s\n", dir.c_str(), p.c_str());
+  std::fprintf(stderr, "%s: %zu problem(s); do not resume from it\n", dir.c_str(), problems.size());
+  return 1;
+}
+
+/// The GPT a checkpoint's resolved config describes, on the CPU, holding the
+/// checkpoint's f32 master weights.
+std::unique_ptr<nn::Gpt> model_of(const std::string& dir, const ckpt::Index& idx) {
+  nn::GptConfig c;
+  try {
+    const nlohmann::json& m = idx.config.at("model");
+    c.n_layer = m.at("n_layer").get<int64_t>();
+    c.n_head = m.at("n_head").get<int64_t>();
+    c.n_embd = m.at("n_embd").get<int64_t>();
+    c.seq_len = m.at("seq_len").get<int64_t>();
+    c.vocab_size = m.at("vocab_size").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    BT_FAIL("checkpoint '", dir, "': its config has no usable model section (", e.what(), ")");
+  }
+  auto model = std::make_unique<nn::Gpt>(c, Device::cpu(), 0);
+  std::vector<dist::StatePiece> pieces;
+  for (const auto& [name, t] : model->named_parameters())
+    pieces.push_back({"param/" + name, t.shape(), 0, t.numel(), t.reshape({-1})});
+  ckpt::load_pieces(dir, idx, pieces);
+  return model;
+}
+
+/// llm.c's GPT-2 checkpoint: a 256 x int32 header (magic 20240326, version 3
+/// = float32, maxT, V, L, NH, C, Vp) and the parameters as float32 in llm.c's
+/// order, each kind stacked over the layers.
+void write_llmc(const std::string& path, const nn::Gpt& m) {
+  const nn::GptConfig& c = m.config();
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240326;
+  header[1] = 3;
+  header[2] = static_cast<int32_t>(c.seq_len);
+  header[3] = static_cast<int32_t>(c.vocab_size);
+  header[4] = static_cast<int32_t>(c.n_layer);
+  header[5] = static_cast<int32_t>(c.n_head);
+  header[6] = static_cast<int32_t>(c.n_embd);
+  header[7] = static_cast<int32_t>(c.padded_vocab());
+  std::map<std::string, Tensor> by_name(m.named_parameters().begin(), m.named_parameters().end());
+  const std::string tmp = path + ".tmp";
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  BT_CHECK(f.good(), "cannot create '", tmp, "'");
+  f.write(reinterpret_cast<const char*>(header.data()), 256 * sizeof(int32_t));
+  auto put = [&](const std::string& name) {
+    const Tensor& t = by_name.at(name);
+    f.write(reinterpret_cast<const char*>(t.data<float>()),
+            static_cast<std::streamsize>(t.numel() * sizeof(float)));
+  };
+  put("wte");
+  put("wpe");
+  for (const char* kind : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                           "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                           "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"})
+    for (int64_t l = 0; l < c.n_layer; ++l) put(cat("h.", l, ".", kind));
+  put("ln_f.weight");
+  put("ln_f.bias");
+  f.flush();
+  BT_CHECK(f.good(), "cannot write '", tmp, "' (disk full?)");
+  f.close();
+  BT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path, "'");
+}
+
+}  // namespace
+
+int run_ckpt(int argc, char** argv) {
+  cxxopts::Options opts(
+      "blutrain ckpt",
+      "Checkpoints of `blutrain train` (checkpoint.dir):\n"
+      "  ls ROOT                      list the complete checkpoints, the latest marked\n"
+      "  inspect DIR                  step, ranks, strategy, counters and tensors of one\n"
+      "  verify DIR                   check the index is complete and every checksum matches\n"
+      "  export DIR OUT.h5 [--llmc F] the consolidated model weights (blutrain-weights HDF5,\n"
+      "                               as --save-weights writes; and llm.c's format)");
+  opts.add_options()("llmc", "also write llm.c's model file (magic 20240326) here",
+                     cxxopts::value<std::string>())("h,help", "show this help")(
+      "args", "", cxxopts::value<std::vector<std::string>>());
+  opts.parse_positional({"args"});
+  opts.positional_help("ls|inspect|verify|export PATH [OUT]");
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(argc, argv);
+  } catch (const std::exception& e) {
+    BT_FAIL(e.what(), " (see blutrain ckpt --help)");
+  }
+  const std::vector<std::string> a =
+      r.count("args") ? r["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  if (r.count("help") || a.empty()) {
+    std::printf("%s\n", opts.help().c_str());
+    return a.empty() && !r.count("help") ? 2 : 0;
+  }
+  const std::string& verb = a[0];
+  const size_t want = verb == "export" ? 3 : 2;
+  BT_CHECK(verb == "ls" || verb == "inspect" || verb == "verify" || verb == "export",
+           "blutrain ckpt: unknown verb '", verb, "'; use ls, inspect, verify or export");
+  BT_CHECK(a.size() == want, "blutrain ckpt ", verb, ": expected ", want - 1, " path argument(s), got ",
+           a.size() - 1, " (see blutrain ckpt --help)");
+  if (verb == "ls") return ls(a[1]);
+  if (verb == "inspect") return inspect(a[1]);
+  if (verb == "verify") return verify(a[1]);
+  const ckpt::Index idx = ckpt::read_index(a[1]);
+  const std::unique_ptr<nn::Gpt> model = model_of(a[1], idx);
+  save_model(a[2], *model);
+  std::printf("wrote %s (step %lld)\n", a[2].c_str(), static_cast<long long>(idx.step));
+  if (r.count("llmc")) {
+    write_llmc(r["llmc"].as<std::string>(), *model);
+    std::printf("wrote %s (llm.c format)\n", r["llmc"].as<std::string>().c_str());
+  }
+  return 0;
+}
+
+}  // namespace bt::launcher
