@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "checkpoint/h5_util.h"
 #include "checkpoint/shard_file.h"
@@ -52,6 +55,17 @@ json read_json(const std::string& path) {
   } catch (const json::exception& e) {
     BT_FAIL("'", path, "' is not valid JSON (", e.what(), "); the checkpoint is corrupt");
   }
+}
+
+/// Fault injection for tests: BT_CHECKPOINT_PAUSE="STEP:SECONDS" makes each
+/// rank sleep after writing its files for the save of STEP, before the
+/// commit -- a window in which a test kills a rank mid-save.
+void pause_for_fault_injection(int64_t step) {
+  const char* v = std::getenv("BT_CHECKPOINT_PAUSE");
+  long long at = -1;
+  double secs = 0;
+  if (v && std::sscanf(v, "%lld:%lf", &at, &secs) == 2 && at == step)
+    std::this_thread::sleep_for(std::chrono::duration<double>(secs));
 }
 
 void barrier(dist::ProcessGroup* pg) {
@@ -127,6 +141,7 @@ std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
                                 {"crc32", p.crc32}});
     }
     write_atomically(tmp_dir + "/" + stem + ".json", frag.dump());
+    pause_for_fault_injection(r.step);
   } catch (...) {
     if (world == 1) fs::remove_all(tmp_dir, ec);  // with more ranks the next save removes it
     throw;

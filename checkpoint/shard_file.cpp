@@ -1,8 +1,12 @@
 #include "checkpoint/shard_file.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "checkpoint/h5_check.h"
@@ -37,14 +41,50 @@ uint32_t crc32_of(const float* data, int64_t n) {
   return static_cast<uint32_t>(crc);
 }
 
+namespace {
+
+/// Writes all of `data` to a new file `path` and fsyncs it; on any failure
+/// (ENOSPC included) removes the file and throws naming it.
+void write_bytes(const std::string& path, const std::vector<char>& data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  BT_CHECK(fd >= 0, "cannot create checkpoint file '", path, "': ", std::strerror(errno));
+  size_t done = 0;
+  int err = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(path.c_str());
+    BT_FAIL("cannot write checkpoint file '", path, "' (", data.size(), " bytes): ", std::strerror(err),
+            err == ENOSPC ? " -- the disk is full; free space or point checkpoint.dir elsewhere" : "");
+  }
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, SavedPiece>> write_shard_file(
     const std::string& path, const std::string& file_name, const std::vector<dist::StatePiece>& pieces) {
+  // Note [Checkpoint file image]: the file is built in memory by HDF5's core
+  // driver and written with plain write(2) calls. A disk that fills up then
+  // fails one of our writes, cleanly (HDF5 1.10 cannot recover from a failed
+  // flush on close: the half-closed file crashes the library at exit), and
+  // the data goes out as one sequential stream.
   detail::h5_silence_auto_errors();
   std::vector<std::pair<std::string, SavedPiece>> out;
-  h5::with_context(cat("cannot write checkpoint file '", path, "'"), [&] {
+  std::vector<char> image;
+  h5::with_context(cat("cannot build checkpoint file '", path, "'"), [&] {
     h5::Id fapl = file_access();
-    h5::Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), H5Fclose);
-    BT_CHECK(file.get() >= 0, "cannot create checkpoint file '", path, "': ", h5::error_stack());
+    BT_H5_CHECK(H5Pset_fapl_core(fapl, size_t{64} << 20, /*backing_store=*/false));
+    h5::Id file(H5Fcreate(file_name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    BT_CHECK(file.get() >= 0, "cannot create checkpoint file '", path, "' in memory: ", h5::error_stack());
     h5::Id lcpl(BT_H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
     BT_H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));
     NoGradGuard ng;
@@ -71,9 +111,12 @@ std::vector<std::pair<std::string, SavedPiece>> write_shard_file(
       h5::write_int_attr(dset, "crc32", crc);
       out.emplace_back(p.name, SavedPiece{file_name, ds, p.begin, p.end, crc});
     }
-    BT_H5_CHECK(H5Fclose(file.release()));  // a failed flush (full disk) must fail the save
+    BT_H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL));
+    const ssize_t size = BT_H5_CHECK(H5Fget_file_image(file, nullptr, 0));
+    image.resize(static_cast<size_t>(size));
+    BT_H5_CHECK(H5Fget_file_image(file, image.data(), image.size()));
   });
-  h5::fsync_path(path, false);
+  write_bytes(path, image);
   return out;
 }
 

@@ -1,0 +1,230 @@
+// Sharded checkpoints (checkpoint/checkpoint.h) in one process: loads that
+// cut the saved pieces differently, the commit protocol (no index: no
+// checkpoint; `latest`; retention), corruption caught by verify and by loads,
+// a tensor of another shape refused by name, a full disk during a save, and
+// HDF5's own tools reading the rank files. Multi-rank saves, exact resume and
+// resharding through `blutrain train`: tests/launcher/test_checkpoint_mpi.cpp.
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+
+#include "checkpoint/checkpoint.h"
+#include "runtime/tensor/factory.h"
+#include "tests/support/error_message.h"
+#include "tests/support/fetched_data.h"
+#include "tests/support/files.h"
+#include "tests/support/run_command.h"
+#include "tests/support/temp_dir.h"
+
+namespace bt::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using dist::StatePiece;
+
+/// Two global tensors, "param/a" [3, 5] and "adam_m/b" [7], with values from `seed`.
+struct Globals {
+  Tensor a, b;
+  explicit Globals(uint64_t seed) {
+    Generator g(seed);
+    a = randn({3, 5}, {}, &g);
+    b = randn({7}, {}, &g);
+  }
+};
+
+StatePiece piece(const std::string& name, const Tensor& t, int64_t begin, int64_t end) {
+  return StatePiece{name, t.shape(), begin, end, t.reshape({-1}).narrow(0, begin, end - begin)};
+}
+
+SaveRequest request(const std::string& root, int64_t step, const Globals& g) {
+  SaveRequest r;
+  r.root = root;
+  r.step = step;
+  // Cut at odd places: a in three pieces, b in one.
+  r.pieces = {piece("param/a", g.a, 0, 4), piece("param/a", g.a, 4, 11), piece("param/a", g.a, 11, 15),
+              piece("adam_m/b", g.b, 0, 7)};
+  r.counters = {{"step", step}};
+  r.rank_counters = {{"rng_seed", 1}, {"rng_offset", 2}};
+  r.config = {{"model", {{"n_layer", 1}}}};
+  r.device = "cpu";
+  return r;
+}
+
+std::vector<float> values(const Tensor& t) { return t.contiguous().to_vector<float>(); }
+
+TEST(Checkpoint, LoadsPiecesCutDifferentlyFromTheSavedOnes) {
+  test::TempDir dir("bt_ckpt");
+  const Globals saved(1);
+  const std::string d = save(request(dir.file("ck"), 5, saved), nullptr);
+  EXPECT_EQ(fs::path(d).filename(), "step_00000005");
+  const Index idx = read_index(d);
+  EXPECT_EQ(idx.step, 5);
+  EXPECT_EQ(idx.world_size, 1);
+  EXPECT_EQ(idx.tensors.at("param/a").pieces.size(), 3u);
+  EXPECT_TRUE(idx.completeness_problems().empty());
+
+  const Globals got(2);  // other values, overwritten by the load
+  load_pieces(d, idx,
+              {piece("param/a", got.a, 2, 13), piece("param/a", got.a, 0, 2), piece("param/a", got.a, 13, 15),
+               piece("adam_m/b", got.b, 3, 7)});
+  EXPECT_EQ(values(got.a), values(saved.a));
+  const std::vector<float> b = values(got.b), want = values(saved.b), other = values(Globals(2).b);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(b[i], i < 3 ? other[i] : want[i]) << "b[" << i << "]";
+  EXPECT_TRUE(verify(d).empty());
+}
+
+TEST(Checkpoint, AShareWithAGapIsNeverCommitted) {
+  test::TempDir dir("bt_ckpt");
+  const Globals g(1);
+  SaveRequest r = request(dir.file("ck"), 5, g);
+  r.pieces.erase(r.pieces.begin() + 1);  // a's elements [4, 11) missing
+  const std::string msg = test::error_message([&] { save(r, nullptr); });
+  EXPECT_NE(msg.find("would be incomplete"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("param/a"), std::string::npos) << msg;
+  EXPECT_TRUE(list(dir.file("ck")).empty());
+  EXPECT_FALSE(fs::exists(dir.file("ck/step_00000005.tmp"))) << "the temporary directory is removed";
+}
+
+TEST(Checkpoint, LatestSkipsUnfinishedSavesAndRetentionKeepsLastAndEveryM) {
+  test::TempDir dir("bt_ckpt");
+  const std::string root = dir.file("ck");
+  const Globals g(1);
+  for (int64_t step : {2, 4, 6}) save(request(root, step, g), nullptr);
+  EXPECT_EQ(fs::path(latest(root)).filename(), "step_00000006");
+  // A save that died before its rename, and a directory without an index.
+  fs::create_directories(root + "/step_00000008.tmp");
+  fs::create_directories(root + "/step_00000010");
+  EXPECT_EQ(fs::path(latest(root)).filename(), "step_00000006");
+  EXPECT_EQ(list(root).size(), 3u);
+  // `latest` still naming an older one (a job that died between the rename
+  // and the pointer update): the newest complete one wins.
+  std::ofstream(root + "/latest") << "step_00000002\n";
+  EXPECT_EQ(fs::path(latest(root)).filename(), "step_00000006");
+
+  // keep_last 2 plus every multiple of 4: 2 goes; 4 stays (multiple); 6 and 8 are the last two.
+  SaveRequest r = request(root, 8, g);
+  r.keep_last = 2;
+  r.keep_every = 4;
+  save(r, nullptr);
+  std::vector<std::string> names;
+  for (const std::string& p : list(root)) names.push_back(fs::path(p).filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_00000004", "step_00000006", "step_00000008"}));
+  EXPECT_FALSE(fs::exists(root + "/step_00000008.tmp")) << "a new save removes stale temporaries";
+  EXPECT_EQ(test::read_file(root + "/latest"), "step_00000008\n");
+}
+
+/// Flips one byte in the middle of the largest piece's data.
+void flip_a_data_byte(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  f.seekg(size / 2);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(size / 2);
+  f.write(&c, 1);
+}
+
+TEST(Checkpoint, AFlippedByteIsCaughtByVerifyAndByLoads) {
+  test::TempDir dir("bt_ckpt");
+  Generator gen(3);
+  const Tensor big = randn({1 << 18}, {}, &gen);  // 1 MiB: most of the file is its data
+  SaveRequest r;
+  r.root = dir.file("ck");
+  r.step = 1;
+  r.pieces = {piece("param/big", big, 0, big.numel())};
+  r.config = nlohmann::json::object();
+  const std::string d = save(r, nullptr);
+  ASSERT_TRUE(verify(d).empty());
+  flip_a_data_byte(d + "/rank_00000.h5");
+
+  const std::vector<std::string> problems = verify(d);
+  ASSERT_FALSE(problems.empty()) << "verify must notice the flipped byte";
+  EXPECT_NE(problems[0].find("rank_00000.h5"), std::string::npos) << problems[0];
+  EXPECT_NE(problems[0].find("param/big/0"), std::string::npos) << problems[0];
+  Tensor into = zeros({1 << 18});
+  bool incompatible = false;
+  const std::string msg = test::error_message([&] {
+    try {
+      load_pieces(d, read_index(d), {piece("param/big", into, 1000, 200000)});  // a partial read too
+    } catch (const Incompatible&) {
+      incompatible = true;
+      throw;
+    }
+  });
+  EXPECT_FALSE(incompatible) << "corruption is not an incompatibility (resume falls back on it)";
+  EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, ATensorOfAnotherShapeIsRefusedByName) {
+  test::TempDir dir("bt_ckpt");
+  const Globals g(1);
+  const std::string d = save(request(dir.file("ck"), 1, g), nullptr);
+  const Tensor wider = zeros({3, 6});
+  std::string msg;
+  try {
+    load_pieces(d, read_index(d), {piece("param/a", wider, 0, 18)});
+  } catch (const Incompatible& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("'param/a' has shape [3, 5] there but [3, 6]"), std::string::npos) << msg;
+  try {
+    msg.clear();
+    load_pieces(d, read_index(d), {piece("param/c", wider, 0, 18)});
+  } catch (const Incompatible& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no tensor 'param/c'"), std::string::npos) << msg;
+}
+
+// A 1 MiB tmpfs: the first checkpoint fits, the second (2 MiB) does not. The
+// failed save must throw naming the file and leave the first one and `latest`
+// as they were (and no temporary directory).
+TEST(Checkpoint, AFullDiskLeavesThePreviousCheckpoint) {
+  test::TempDir dir("bt_ckpt");
+  const std::string root = dir.file("small_disk");
+  fs::create_directories(root);
+  if (::mount("tmpfs", root.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): " << std::strerror(errno);
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount(p.c_str()); }
+  } unmount{root};
+  const Globals g(1);
+  save(request(root, 1, g), nullptr);
+  Generator gen(5);
+  const Tensor big = randn({1 << 19}, {}, &gen);  // 2 MiB
+  SaveRequest r = request(root, 2, g);
+  r.pieces.push_back(piece("param/big", big, 0, big.numel()));
+  const std::string msg = test::error_message([&] { save(r, nullptr); });
+  EXPECT_NE(msg.find("step_00000002.tmp/rank_00000.h5"), std::string::npos) << msg;
+  EXPECT_EQ(fs::path(latest(root)).filename(), "step_00000001");
+  EXPECT_EQ(list(root).size(), 1u);
+  EXPECT_FALSE(fs::exists(root + "/step_00000002.tmp"));
+  EXPECT_TRUE(verify(latest(root)).empty());
+}
+
+TEST(Checkpoint, H5lsListsEveryPiece) {
+  if (test::run_command("command -v h5ls >/dev/null").status != 0) {
+    if (test::data_required()) FAIL() << "h5ls missing and BT_REQUIRE_DATA=1";
+    GTEST_SKIP() << "h5ls not installed (hdf5-tools)";
+  }
+  test::TempDir dir("bt_ckpt");
+  const Globals g(1);
+  const std::string d = save(request(dir.file("ck"), 1, g), nullptr);
+  const test::CommandResult r = test::run_command("h5ls -r " + test::shell_quote(d + "/rank_00000.h5"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* ds : {"/param/a/0 ", "/param/a/4 ", "/param/a/11 ", "/adam_m/b/0 "})
+    EXPECT_NE(r.out.find(ds), std::string::npos) << ds << " in\n" << r.out;
+}
+
+}  // namespace
+}  // namespace bt::ckpt
