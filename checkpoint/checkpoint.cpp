@@ -103,8 +103,7 @@ std::string dir_name(int64_t step) {
   return buf;
 }
 
-std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
-  const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
+std::string prepare(const SaveRequest& r, int rank) {
   const std::string final_dir = (fs::path(r.root) / dir_name(r.step)).string();
   const std::string tmp_dir = final_dir + ".tmp";
   std::error_code ec;
@@ -113,84 +112,102 @@ std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
     BT_CHECK(fs::is_directory(r.root, ec), "cannot create checkpoint directory '", r.root,
              "': ", ec.message());
     for (const auto& e : fs::directory_iterator(r.root, ec))  // saves that died half-way
-      if (e.is_directory() && e.path().extension() == ".tmp") fs::remove_all(e.path(), ec);
-    BT_CHECK(!fs::exists(final_dir, ec) || !fs::exists(fs::path(final_dir) / "index.json", ec),
-             "checkpoint '", final_dir, "' already exists; use another checkpoint.dir or remove it");
+      if (e.is_directory() && e.path().extension() == ".tmp" && e.path() != fs::path(tmp_dir))
+        fs::remove_all(e.path(), ec);
+    BT_CHECK(!fs::exists(fs::path(final_dir) / "index.json", ec), "checkpoint '", final_dir,
+             "' already exists; use another checkpoint.dir or remove it");
     fs::remove_all(final_dir, ec);  // an index-less leftover is not a checkpoint
-    BT_CHECK(fs::create_directory(tmp_dir, ec), "cannot create '", tmp_dir, "': ", ec.message());
   }
-  barrier(pg);
+  fs::create_directories(tmp_dir, ec);
+  BT_CHECK(fs::is_directory(tmp_dir, ec), "cannot create '", tmp_dir, "': ", ec.message());
+  return tmp_dir;
+}
 
-  // 2. this rank's file and fragment.
+void write_rank(const SaveRequest& r, int rank) {
+  const std::string tmp_dir = (fs::path(r.root) / dir_name(r.step)).string() + ".tmp";
   const std::string stem = rank_stem(rank);
+  const auto written = write_shard_file(tmp_dir + "/" + stem + ".h5", stem + ".h5", r.pieces);
+  json frag;
+  frag["rank"] = rank;
+  frag["file"] = stem + ".h5";
+  frag["device"] = r.device;
+  frag["counters"] = r.rank_counters;
+  frag["pieces"] = json::array();
+  for (size_t i = 0; i < written.size(); ++i) {
+    const SavedPiece& p = written[i].second;
+    frag["pieces"].push_back({{"name", written[i].first},
+                              {"shape", r.pieces[i].shape},
+                              {"dataset", p.dataset},
+                              {"begin", p.begin},
+                              {"end", p.end},
+                              {"crc32", p.crc32}});
+  }
+  write_atomically(tmp_dir + "/" + stem + ".json", frag.dump());
+  pause_for_fault_injection(r.step);
+}
+
+std::string commit(const SaveRequest& r, int world) {
+  const std::string final_dir = (fs::path(r.root) / dir_name(r.step)).string();
+  const std::string tmp_dir = final_dir + ".tmp";
+  std::error_code ec;
   try {
-    const auto written = write_shard_file(tmp_dir + "/" + stem + ".h5", stem + ".h5", r.pieces);
-    json frag;
-    frag["rank"] = rank;
-    frag["file"] = stem + ".h5";
-    frag["device"] = r.device;
-    frag["counters"] = r.rank_counters;
-    frag["pieces"] = json::array();
-    for (size_t i = 0; i < written.size(); ++i) {
-      const SavedPiece& p = written[i].second;
-      frag["pieces"].push_back({{"name", written[i].first},
-                                {"shape", r.pieces[i].shape},
-                                {"dataset", p.dataset},
-                                {"begin", p.begin},
-                                {"end", p.end},
-                                {"crc32", p.crc32}});
+    Index idx;
+    idx.step = r.step;
+    idx.world_size = world;
+    idx.strategy = r.strategy;
+    idx.config = r.config;
+    idx.counters = r.counters;
+    for (int q = 0; q < world; ++q) {
+      const std::string frag_path = tmp_dir + "/" + rank_stem(q) + ".json";
+      const json frag = read_json(frag_path);
+      idx.ranks.push_back({q, frag.at("file").get<std::string>(), frag.at("device").get<std::string>(),
+                           frag.at("counters").get<std::map<std::string, int64_t>>()});
+      for (const json& p : frag.at("pieces")) {
+        SavedTensor& t = idx.tensors[p.at("name").get<std::string>()];
+        t.shape = p.at("shape").get<std::vector<int64_t>>();
+        t.pieces.push_back({frag.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
+                            p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
+                            p.at("crc32").get<uint32_t>()});
+      }
     }
-    write_atomically(tmp_dir + "/" + stem + ".json", frag.dump());
-    pause_for_fault_injection(r.step);
+    for (auto& [name, t] : idx.tensors)
+      std::sort(t.pieces.begin(), t.pieces.end(),
+                [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
+    const std::vector<std::string> problems = idx.completeness_problems();
+    BT_CHECK(problems.empty(), "checkpoint '", final_dir, "' would be incomplete: ", problems.front(),
+             " (a strategy wrote overlapping or missing shares)");
+    write_atomically(tmp_dir + "/index.json", idx.to_json().dump(1));
+    h5::fsync_path(tmp_dir, true);
+    if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+      BT_FAIL("cannot rename '", tmp_dir, "' to '", final_dir, "': ", std::strerror(errno));
+    h5::fsync_path(r.root, true);
+    write_atomically((fs::path(r.root) / "latest").string(), dir_name(r.step) + "\n");
+    h5::fsync_path(r.root, true);
+    apply_retention(r.root, r.keep_last, r.keep_every);
   } catch (...) {
-    if (world == 1) fs::remove_all(tmp_dir, ec);  // with more ranks the next save removes it
+    fs::remove_all(tmp_dir, ec);
     throw;
   }
-  barrier(pg);
+  return final_dir;
+}
 
-  // 3. rank 0 commits.
-  if (rank == 0) {
-    try {
-      Index idx;
-      idx.step = r.step;
-      idx.world_size = world;
-      idx.strategy = r.strategy;
-      idx.config = r.config;
-      idx.counters = r.counters;
-      for (int q = 0; q < world; ++q) {
-        const std::string frag_path = tmp_dir + "/" + rank_stem(q) + ".json";
-        const json frag = read_json(frag_path);
-        idx.ranks.push_back({q, frag.at("file").get<std::string>(), frag.at("device").get<std::string>(),
-                             frag.at("counters").get<std::map<std::string, int64_t>>()});
-        for (const json& p : frag.at("pieces")) {
-          SavedTensor& t = idx.tensors[p.at("name").get<std::string>()];
-          t.shape = p.at("shape").get<std::vector<int64_t>>();
-          t.pieces.push_back({frag.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
-                              p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
-                              p.at("crc32").get<uint32_t>()});
-        }
-      }
-      for (auto& [name, t] : idx.tensors)
-        std::sort(t.pieces.begin(), t.pieces.end(),
-                  [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
-      const std::vector<std::string> problems = idx.completeness_problems();
-      BT_CHECK(problems.empty(), "checkpoint '", final_dir, "' would be incomplete: ", problems.front(),
-               " (a strategy wrote overlapping or missing shares)");
-      write_atomically(tmp_dir + "/index.json", idx.to_json().dump(1));
-      h5::fsync_path(tmp_dir, true);
-      if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-        BT_FAIL("cannot rename '", tmp_dir, "' to '", final_dir, "': ", std::strerror(errno));
-      h5::fsync_path(r.root, true);
-      write_atomically((fs::path(r.root) / "latest").string(), dir_name(r.step) + "\n");
-      h5::fsync_path(r.root, true);
-      apply_retention(r.root, r.keep_last, r.keep_every);
-    } catch (...) {
-      fs::remove_all(tmp_dir, ec);
-      throw;
-    }
+std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
+  const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
+  if (rank == 0) prepare(r, 0);
+  barrier(pg);  // the directory exists before anyone writes into it
+  try {
+    if (rank != 0) prepare(r, rank);
+    write_rank(r, rank);
+  } catch (...) {
+    std::error_code ec;
+    if (world == 1) fs::remove_all((fs::path(r.root) / dir_name(r.step)).string() + ".tmp", ec);
+    throw;  // with more ranks the job ends; the next save removes the leftovers
   }
   barrier(pg);
-  return final_dir;
+  std::string dir = (fs::path(r.root) / dir_name(r.step)).string();
+  if (rank == 0) dir = commit(r, world);
+  barrier(pg);
+  return dir;
 }
 
 std::vector<std::string> list(const std::string& root) {

@@ -45,6 +45,17 @@ struct SaveRequest {
 /// path on failure (the previous checkpoints and `latest` stay as they were).
 std::string save(const SaveRequest& r, dist::ProcessGroup* pg);
 
+// The phases of save(), for savers that order them themselves (the
+// asynchronous writer, async_writer.h). None of them communicates.
+/// Step 1 on `rank`: rank 0 removes stale .tmp directories and an index-less
+/// leftover of this step; every rank creates ROOT/step_X.tmp/. Returns it.
+std::string prepare(const SaveRequest& r, int rank);
+/// Step 2: this rank's HDF5 file and fragment, fsynced.
+void write_rank(const SaveRequest& r, int rank);
+/// Step 3, rank 0, once every rank's step 2 is done: index, rename, `latest`,
+/// retention. Returns the checkpoint directory.
+std::string commit(const SaveRequest& r, int world);
+
 /// "step_00000020" for step 20.
 std::string dir_name(int64_t step);
 /// Complete checkpoints under `root` (directories step_X with an index.json),

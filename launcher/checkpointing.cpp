@@ -1,9 +1,15 @@
 #include "launcher/checkpointing.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
 
 #include "checkpoint/checkpoint.h"
 #include "kernels/common/error.h"
+#include "runtime/autograd/grad_mode.h"
 
 namespace bt::launcher {
 namespace {
@@ -33,14 +39,22 @@ train::TrainerCounters counters_of(const ckpt::Index& idx, int rank, const std::
   return c;
 }
 
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 /// Loads `dir` into `tr` on every rank; false (with the reason in `why`) when
 /// any rank could not read it. Incompatible checkpoints throw.
 bool try_load(train::Trainer& tr, const std::string& dir, std::string& why) {
   bool ok = true;
   ckpt::Index idx;
+  const double t0 = now_s();
+  double bytes = 0;
   try {
     idx = ckpt::read_index(dir);
-    ckpt::load_pieces(dir, idx, tr.state_pieces(false));
+    const std::vector<dist::StatePiece> pieces = tr.state_pieces(false);
+    ckpt::load_pieces(dir, idx, pieces);
+    for (const dist::StatePiece& p : pieces) bytes += 4.0 * static_cast<double>(p.end - p.begin);
   } catch (const ckpt::Incompatible&) {
     throw;
   } catch (const Error& e) {
@@ -52,28 +66,110 @@ bool try_load(train::Trainer& tr, const std::string& dir, std::string& why) {
     return false;
   }
   tr.restore(counters_of(idx, tr.rank(), dir));
-  why = cat("saved at step ", idx.step, " by ", idx.world_size, " rank(s) with strategy ", idx.strategy);
+  const double secs = now_s() - t0;
+  why = fmt::format(
+      "saved at step {} by {} rank(s) with strategy {}; rank {} read {:.2f} GB in {:.2f} s: {:.2f} GB/s",
+      idx.step, idx.world_size, idx.strategy, tr.rank(), bytes / 1e9, secs,
+      bytes / 1e9 / std::max(secs, 1e-9));
   return true;
+}
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
+}
+
+std::string saved_line(const std::string& dir, double secs, const char* how) {
+  const double bytes = static_cast<double>(dir_bytes(dir));
+  return fmt::format("saved checkpoint {} ({}, {:.2f} GB in {:.2f} s: {:.2f} GB/s)", dir, how, bytes / 1e9,
+                     secs, bytes / 1e9 / std::max(secs, 1e-9));
 }
 
 }  // namespace
 
-std::string save_checkpoint(train::Trainer& tr, const nlohmann::json& resolved_config) {
-  const train::TrainConfig& cfg = tr.config();
-  const train::TrainerCounters c = tr.counters();
+Checkpointer::Checkpointer(train::Trainer& tr, nlohmann::json resolved_config)
+    : tr_(tr), config_(std::move(resolved_config)) {
+  if (tr_.device().is_cuda() && tr_.config().checkpoint.async) side_ = Stream::create(tr_.device());
+}
+
+Checkpointer::~Checkpointer() {
+  // An exception is unwinding the run: a pending write may finish, but it is
+  // not committed (the next save removes its .tmp directory).
+  if (writer_.pending()) writer_.wait();
+}
+
+ckpt::SaveRequest Checkpointer::request() const {
+  const train::TrainConfig& cfg = tr_.config();
+  const train::TrainerCounters c = tr_.counters();
   ckpt::SaveRequest r;
   r.root = cfg.checkpoint.dir;
   r.step = c.step;
-  r.pieces = tr.state_pieces(true);
+  r.pieces = tr_.state_pieces(true);
   r.counters = job_counters(c);
   r.rank_counters = {{"rng_seed", static_cast<int64_t>(c.rng_seed)},
                      {"rng_offset", static_cast<int64_t>(c.rng_offset)}};
-  r.config = resolved_config;
-  r.strategy = tr.strategy().name();
-  r.device = tr.device().str();
+  r.config = config_;
+  r.strategy = tr_.strategy().name();
+  r.device = tr_.device().str();
   r.keep_last = cfg.checkpoint.keep_last;
   r.keep_every = cfg.checkpoint.keep_every;
-  return ckpt::save(r, tr.process_group());
+  return r;
+}
+
+std::string Checkpointer::save() {
+  const double t0 = now_s();
+  if (!tr_.config().checkpoint.async) {
+    const std::string dir = ckpt::save(request(), tr_.process_group());
+    return saved_line(dir, now_s() - t0, "synchronous");
+  }
+  std::string notes = finish(/*block=*/true);  // the previous save first
+  if (!notes.empty()) notes += "\n";
+  ckpt::SaveRequest r = request();
+  // Snapshot: host copies the training can no longer change.
+  NoGradGuard ng;
+  std::function<void()> before;
+  if (side_) {
+    stream_wait(*side_, Stream::current(tr_.device()));  // after this step's update
+    StreamGuard g(*side_);
+    for (dist::StatePiece& p : r.pieces) p.data = p.data.to(Device::cpu(), /*non_blocking=*/true);
+    tr_.hold_updates_until(*side_);
+    before = [s = *side_] { s.synchronize(); };
+  } else {
+    for (dist::StatePiece& p : r.pieces) p.data = p.data.clone();
+  }
+  ckpt::prepare(r, tr_.rank());
+  const int64_t step = r.step;
+  writer_.start(std::move(r), tr_.rank(), std::move(before));
+  started_ = t0;
+  return notes + fmt::format("step {}: checkpoint snapshot taken in {:.1f} ms; writing in the background",
+                             step, (now_s() - t0) * 1e3);
+}
+
+std::string Checkpointer::poll() { return finish(/*block=*/false); }
+
+std::string Checkpointer::flush() { return finish(/*block=*/true); }
+
+std::string Checkpointer::finish(bool block) {
+  if (!writer_.pending()) return "";
+  if (block) writer_.wait();
+  if (!tr_.all_ranks(writer_.done())) return "";
+  const std::string err = writer_.wait();
+  const bool all_ok = tr_.all_ranks(err.empty());
+  ckpt::SaveRequest r = writer_.take();
+  const std::string failed = cat("checkpoint of step ", r.step, " abandoned", err.empty() ? "" : ": " + err,
+                                 "; the previous checkpoint stays the latest");
+  if (!all_ok) return err.empty() ? failed + " (another rank failed; see its log)" : failed;
+  if (tr_.rank() != 0) return "";
+  try {
+    const std::string dir = ckpt::commit(r, tr_.world_size());
+    return saved_line(dir, now_s() - started_, "asynchronous");
+  } catch (const Error& e) {
+    return cat("checkpoint of step ", r.step, " abandoned: ", e.what(),
+               "; the previous checkpoint stays the latest");
+  }
 }
 
 std::string resume(train::Trainer& tr) {

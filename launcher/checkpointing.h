@@ -2,17 +2,42 @@
 // checkpoint/checkpoint.h, and resuming it (train.resume).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/async_writer.h"
 #include "runtime/train/trainer.h"
 
 namespace bt::launcher {
 
-/// Collective: saves `tr`'s state under cfg.checkpoint.dir; returns the
-/// checkpoint directory.
-std::string save_checkpoint(train::Trainer& tr, const nlohmann::json& resolved_config);
+/// Saves a Trainer's state under checkpoint.dir, synchronously or, with
+/// checkpoint.async, through a background writer (Note [Asynchronous
+/// checkpoints]). Every method is collective; each returns a line for the
+/// log ("" when there is nothing to say).
+class Checkpointer {
+ public:
+  Checkpointer(train::Trainer& tr, nlohmann::json resolved_config);
+  ~Checkpointer();
+  /// A save now (after a step). Async: waits for the previous save first.
+  std::string save();
+  /// After every step: commits the pending asynchronous save once every
+  /// rank has written its part.
+  std::string poll();
+  /// End of the run: waits for the pending save and commits it.
+  std::string flush();
+
+ private:
+  std::string finish(bool block);
+  ckpt::SaveRequest request() const;
+
+  train::Trainer& tr_;
+  nlohmann::json config_;
+  ckpt::AsyncWriter writer_;
+  std::optional<Stream> side_;  // CUDA: the snapshot copies' stream
+  double started_ = 0;          // seconds (steady clock) at the pending save's start
+};
 
 /// Collective: applies cfg.train.resume. "auto" takes checkpoint.dir's latest
 /// complete checkpoint and, when it is corrupt or unreadable on any rank,

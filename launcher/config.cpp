@@ -74,7 +74,10 @@ const std::vector<Key>& keys() {
       BT_KEY("checkpoint.dir", checkpoint.dir, "where step_XXXXXXXX/ checkpoints go (empty: none)"),
       BT_KEY("checkpoint.every", checkpoint.every, "steps between checkpoints (0: at the end of the run)"),
       BT_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept (0: all)"),
-      BT_KEY("checkpoint.keep_every", checkpoint.keep_every, "also keep every checkpoint whose step divides by this"),
+      BT_KEY("checkpoint.keep_every", checkpoint.keep_every,
+             "also keep every checkpoint whose step divides by this"),
+      BT_KEY("checkpoint.async", checkpoint.async,
+             "write checkpoints on a background thread while training goes on"),
   };
   return k;
 }

@@ -144,6 +144,8 @@ int run_train(int argc, char** argv) {
   const nlohmann::json resolved_json = nlohmann::json::parse(config_to_json(cfg0, w.size));
   const int64_t last_step = t.stop_at_step > 0 ? std::min(t.stop_at_step, t.steps) : t.steps;
   const train::TrainerCounters start = tr.counters();
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (!cfg.checkpoint.dir.empty()) checkpointer = std::make_unique<Checkpointer>(tr, resolved_json);
   std::optional<double> last_val;
   double last_loss = 0;
   for (int64_t i = start.step; i < last_step; ++i) {
@@ -163,10 +165,16 @@ int run_train(int argc, char** argv) {
     }
     metrics.write(s, val);
     const train::CheckpointOptions& ck = cfg.checkpoint;
-    if (!ck.dir.empty() && ((ck.every > 0 && s.step % ck.every == 0) || s.step == last_step)) {
-      const std::string dir = save_checkpoint(tr, resolved_json);
-      progress.print(fmt::format("step {}: saved checkpoint {}", s.step, dir));
+    if (checkpointer) {
+      std::string line = checkpointer->poll();
+      if ((ck.every > 0 && s.step % ck.every == 0) || s.step == last_step)
+        line += (line.empty() ? "" : "\n") + checkpointer->save();
+      if (!line.empty()) progress.print(line);
     }
+  }
+  if (checkpointer) {
+    const std::string line = checkpointer->flush();
+    if (!line.empty()) progress.print(line);
   }
   if (last_step < t.steps) {
     std::printf("stopped after step %lld of %lld (train.stop_at_step)%s\n", static_cast<long long>(last_step),

@@ -51,6 +51,7 @@ struct CheckpointOptions {
   int64_t every = 0;       // steps between saves (0: only at the end of the run)
   int64_t keep_last = 3;   // keep the newest K (0: all) ...
   int64_t keep_every = 0;  // ... plus every checkpoint whose step is a multiple of M
+  bool async = false;      // write on a background thread (Note [Asynchronous checkpoints])
 };
 
 /// The `dist:` section: how a job of several ranks splits the work (ignored

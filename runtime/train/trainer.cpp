@@ -120,6 +120,10 @@ StepStats Trainer::step() {
   s.lr = schedule_.at(step_);
   {
     ProfileScope prof("optimizer");
+    if (update_fence_) {  // a checkpoint snapshot still reads the parameters
+      stream_wait(Stream::current(device_), *update_fence_);
+      update_fence_.reset();
+    }
     strategy_->step(s.lr, clip_coefficient(s.grad_norm, cfg_.train.grad_clip));
   }
   s.loss = mean_over_ranks(static_cast<double>(loss_sum.item<float>()) / static_cast<double>(accum_));

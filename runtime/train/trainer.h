@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 
+#include "runtime/core/stream.h"
 #include "runtime/data/loader.h"
 #include "runtime/dist/strategy.h"
 #include "runtime/nn/gpt.h"
@@ -89,6 +90,10 @@ class Trainer {
   /// this job (train.micro_batch x ranks).
   void restore(const TrainerCounters& c);
 
+  /// The next optimizer update waits for the work queued so far on `s` (an
+  /// asynchronous checkpoint's copies of the parameters; CUDA only).
+  void hold_updates_until(const Stream& s) { update_fence_ = s; }
+
   /// The job's process group (null for one process).
   dist::ProcessGroup* process_group() const { return pg_.get(); }
   /// Collective: whether `ok` is true on every rank.
@@ -109,6 +114,7 @@ class Trainer {
   int64_t accum_ = 1;
   int64_t step_ = 0;
   bool finished_ = false;
+  std::optional<Stream> update_fence_;
   int rank_ = 0, world_ = 1;
   std::shared_ptr<dist::ProcessGroup> pg_;  // null for a single process
   /// The mean over ranks of a scalar (itself for a single process).

@@ -66,14 +66,23 @@ class CheckpointJob : public ::testing::Test {
 };
 
 // 40 steps straight, and 20 + 20 with a stop and a resume, both on 2 ranks
-// with zero2: steps 21-40 and the final weights are bitwise identical.
+// with zero2: steps 21-40 and the final weights are bitwise identical. The
+// first half writes its checkpoints asynchronously.
 TEST_F(CheckpointJob, ResumeIsExact) {
   Result r = train(2, "zero2", "--metrics " + file("full.jsonl") + " --save-weights " + file("full.h5"));
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string ck = "--set checkpoint.dir=" + file("ck");
-  r = train(2, "zero2", ck + " --set train.stop_at_step=20 --metrics " + file("a.jsonl"));
+  // The first half saves asynchronously every 5 steps (the last one is flushed at the stop).
+  r = train(
+      2, "zero2",
+      ck + " --set checkpoint.async=true --set checkpoint.every=5 --set train.stop_at_step=20 --metrics " +
+          file("a.jsonl"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("stopped after step 20 of 40"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 5: checkpoint snapshot taken in"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("saved checkpoint " + file("ck") + "/step_00000020 (asynchronous"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(ckpt::list(file("ck")).size(), 3u) << "checkpoint.keep_last defaults to 3";
   r = train(2, "zero2",
             ck + " --set train.resume=auto --metrics " + file("b.jsonl") + " --save-weights " + file("b.h5"));
   ASSERT_EQ(r.status, 0) << r.out;
