@@ -127,6 +127,7 @@ std::string Checkpointer::save() {
   }
   std::string notes = finish(/*block=*/true);  // the previous save first
   if (!notes.empty()) notes += "\n";
+  const double t1 = now_s();
   ckpt::SaveRequest r = request();
   // Snapshot: host copies the training can no longer change.
   NoGradGuard ng;
@@ -143,9 +144,11 @@ std::string Checkpointer::save() {
   ckpt::prepare(r, tr_.rank());
   const int64_t step = r.step;
   writer_.start(std::move(r), tr_.rank(), std::move(before));
-  started_ = t0;
-  return notes + fmt::format("step {}: checkpoint snapshot taken in {:.1f} ms; writing in the background",
-                             step, (now_s() - t0) * 1e3);
+  started_ = t1;
+  const std::string waited =
+      t1 - t0 > 1e-3 ? fmt::format(" (after waiting {:.1f} ms for the previous save)", (t1 - t0) * 1e3) : "";
+  return notes + fmt::format("step {}: checkpoint snapshot taken in {:.1f} ms{}; writing in the background", step,
+                             (now_s() - t1) * 1e3, waited);
 }
 
 std::string Checkpointer::poll() { return finish(/*block=*/false); }
