@@ -240,6 +240,14 @@ std::string latest(const std::string& root) {
   return all.empty() ? std::string() : all.back();
 }
 
+uint64_t bytes_on_disk(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
+}
+
 Index read_index(const std::string& dir) {
   const std::string path = (fs::path(dir) / "index.json").string();
   std::error_code ec;

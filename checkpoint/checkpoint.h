@@ -65,6 +65,9 @@ std::vector<std::string> list(const std::string& root);
 /// complete, else the newest complete one; "" when there is none.
 std::string latest(const std::string& root);
 
+/// The bytes of the files in a checkpoint directory.
+uint64_t bytes_on_disk(const std::string& dir);
+
 /// Reads DIR/index.json. Throws bt::Error naming DIR when it is missing or bad.
 Index read_index(const std::string& dir);
 

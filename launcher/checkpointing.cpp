@@ -74,16 +74,8 @@ bool try_load(train::Trainer& tr, const std::string& dir, std::string& why) {
   return true;
 }
 
-uint64_t dir_bytes(const std::string& dir) {
-  uint64_t n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.is_regular_file(ec)) n += e.file_size(ec);
-  return n;
-}
-
 std::string saved_line(const std::string& dir, double secs, const char* how) {
-  const double bytes = static_cast<double>(dir_bytes(dir));
+  const double bytes = static_cast<double>(ckpt::bytes_on_disk(dir));
   return fmt::format("saved checkpoint {} ({}, {:.2f} GB in {:.2f} s: {:.2f} GB/s)", dir, how, bytes / 1e9,
                      secs, bytes / 1e9 / std::max(secs, 1e-9));
 }
@@ -147,8 +139,8 @@ std::string Checkpointer::save() {
   started_ = t1;
   const std::string waited =
       t1 - t0 > 1e-3 ? fmt::format(" (after waiting {:.1f} ms for the previous save)", (t1 - t0) * 1e3) : "";
-  return notes + fmt::format("step {}: checkpoint snapshot taken in {:.1f} ms{}; writing in the background", step,
-                             (now_s() - t1) * 1e3, waited);
+  return notes + fmt::format("step {}: checkpoint snapshot taken in {:.1f} ms{}; writing in the background",
+                             step, (now_s() - t1) * 1e3, waited);
 }
 
 std::string Checkpointer::poll() { return finish(/*block=*/false); }

@@ -20,14 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-uint64_t dir_bytes(const std::string& dir) {
-  uint64_t n = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file(ec)) n += e.file_size(ec);
-  return n;
-}
-
 int ls(const std::string& root) {
   const std::vector<std::string> all = ckpt::list(root);
   if (all.empty()) {
@@ -40,7 +32,7 @@ int ls(const std::string& root) {
     const ckpt::Index idx = ckpt::read_index(d);
     std::printf("%-16s %8lld %6d %-9s %10s%s\n", fs::path(d).filename().c_str(),
                 static_cast<long long>(idx.step), idx.world_size, idx.strategy.c_str(),
-                human_bytes(dir_bytes(d)).c_str(), d == latest ? "  <- latest" : "");
+                human_bytes(ckpt::bytes_on_disk(d)).c_str(), d == latest ? "  <- latest" : "");
   }
   return 0;
 }

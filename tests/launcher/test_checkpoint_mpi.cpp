@@ -40,8 +40,7 @@ std::vector<double> losses(const std::string& jsonl) {
 class CheckpointJob : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    test::allow_mpirun_as_root();
     glob_ = test::write_token_shards(dir_.path(), "tok", 2, 20'000, 1024, 7);
     // A 1024-token vocabulary keeps the runs quick (under the sanitizers too); 40
     // steps of 8 sequences in micro-batches of 2 (4 micro-steps on 1 rank, 2 on 2, 1 on 4).
@@ -52,14 +51,10 @@ class CheckpointJob : public ::testing::Test {
              " --set train.device=cpu --set train.deterministic=true --set train.sample_tokens=0"
              " --set train.warmup_steps=5 --set train.lr=1e-3";
   }
-  static std::string mpirun(int np) {
-    if (np == 1) return "BT_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
-    return "BT_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpirun -np " + std::to_string(np) +
-           " --oversubscribe -x BT_NUM_THREADS -x OPENBLAS_NUM_THREADS ";
-  }
   /// `blutrain train` on `np` ranks with `strategy` and extra --set options.
   Result train(int np, const std::string& strategy, const std::string& extra) {
-    return test::run_command(mpirun(np) + train_ + " --set dist.strategy=" + strategy + " " + extra);
+    return test::run_command(test::mpirun_prefix(np) + train_ + " --set dist.strategy=" + strategy + " " +
+                             extra);
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
 

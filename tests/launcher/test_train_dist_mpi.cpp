@@ -60,8 +60,7 @@ WeightDiff weight_diff(const WeightFile& x, const WeightFile& ref) {
 class TrainDist : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);  // containers and CI run as root
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    test::allow_mpirun_as_root();
     glob_ = test::write_token_shards(dir_.path(), "tok", 2, 20'000, 50257, 7);
     // A small GPT (2 x 64, T 64) so 4 ranks on 2 cores stay quick; 8 sequences
     // per step in micro-batches of 2: 4 micro-steps on 1 rank, 2 on 2, 1 on 4.
@@ -70,11 +69,6 @@ class TrainDist : public ::testing::Test {
             " --set model.seq_len=64 --set train.steps=20 --set train.batch_size=8 --set train.micro_batch=2"
             " --set train.device=cpu --set train.deterministic=true --set train.sample_tokens=0"
             " --set train.warmup_steps=5 --set train.lr=1e-3";
-  }
-  static std::string mpirun(int np) {
-    // One thread per rank: the ranks share the machine's cores.
-    return "BT_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpirun -np " + std::to_string(np) +
-           " --oversubscribe -x BT_NUM_THREADS -x OPENBLAS_NUM_THREADS ";
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
 
@@ -110,8 +104,9 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
   for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     for (int np : {2, 4}) {
       const std::string tag = strategy + std::to_string(np);
-      Result r = run(mpirun(np) + base_ + " --set dist.strategy=" + strategy + " --set dist.bucket_mb=0.5" +
-                     " --metrics " + file(tag + ".jsonl") + " --save-weights " + file(tag + ".h5"));
+      Result r = run(test::mpirun_prefix(np) + base_ + " --set dist.strategy=" + strategy +
+                     " --set dist.bucket_mb=0.5" + " --metrics " + file(tag + ".jsonl") + " --save-weights " +
+                     file(tag + ".h5"));
       ASSERT_EQ(r.status, 0) << tag << "\n" << r.out;
       EXPECT_NE(r.out.find(std::to_string(np) + " ranks (mpi), dist.strategy " + strategy), std::string::npos)
           << r.out;
@@ -151,7 +146,7 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
 TEST_F(TrainDist, AFailingRankEndsTheJobWithItsMessage) {
   // Every rank fails on a shard glob that matches nothing: the job must end
   // with a non-zero status and the message, not hang.
-  Result r = run(mpirun(2) + base_ + " --set 'data.train=" + file("missing_*.bin") + "'");
+  Result r = run(test::mpirun_prefix(2) + base_ + " --set 'data.train=" + file("missing_*.bin") + "'");
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("missing_"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("error on rank"), std::string::npos) << r.out;

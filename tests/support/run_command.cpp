@@ -1,6 +1,7 @@
 #include "tests/support/run_command.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <sys/wait.h>
 
@@ -15,6 +16,19 @@ CommandResult run_command(const std::string& cmd) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   const int st = ::pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+void allow_mpirun_as_root() {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+}
+
+std::string mpirun_prefix(int np) {
+  // One thread per rank: the ranks share the machine's cores.
+  const std::string threads = "BT_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+  if (np == 1) return threads;
+  return threads + "mpirun -np " + std::to_string(np) +
+         " --oversubscribe -x BT_NUM_THREADS -x OPENBLAS_NUM_THREADS ";
 }
 
 }  // namespace bt::test

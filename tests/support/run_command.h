@@ -13,4 +13,10 @@ struct CommandResult {
 
 CommandResult run_command(const std::string& cmd);
 
+/// Lets mpirun run as root (containers and CI do).
+void allow_mpirun_as_root();
+/// The prefix that runs a command on `np` oversubscribed local ranks with one
+/// thread each (np 1: no mpirun, just the thread settings).
+std::string mpirun_prefix(int np);
+
 }  // namespace bt::test
