@@ -134,13 +134,10 @@ void write_rank(const SaveRequest& r, int rank) {
   frag["counters"] = r.rank_counters;
   frag["pieces"] = json::array();
   for (size_t i = 0; i < written.size(); ++i) {
-    const SavedPiece& p = written[i].second;
-    frag["pieces"].push_back({{"name", written[i].first},
-                              {"shape", r.pieces[i].shape},
-                              {"dataset", p.dataset},
-                              {"begin", p.begin},
-                              {"end", p.end},
-                              {"crc32", p.crc32}});
+    json p = piece_to_json(written[i].second);
+    p["name"] = written[i].first;
+    p["shape"] = r.pieces[i].shape;
+    frag["pieces"].push_back(std::move(p));
   }
   write_atomically(tmp_dir + "/" + stem + ".json", frag.dump());
   pause_for_fault_injection(r.step);
@@ -163,11 +160,10 @@ std::string commit(const SaveRequest& r, int world) {
       idx.ranks.push_back({q, frag.at("file").get<std::string>(), frag.at("device").get<std::string>(),
                            frag.at("counters").get<std::map<std::string, int64_t>>()});
       for (const json& p : frag.at("pieces")) {
-        SavedTensor& t = idx.tensors[p.at("name").get<std::string>()];
+        const std::string name = p.at("name").get<std::string>();
+        SavedTensor& t = idx.tensors[name];
         t.shape = p.at("shape").get<std::vector<int64_t>>();
-        t.pieces.push_back({frag.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
-                            p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
-                            p.at("crc32").get<uint32_t>()});
+        t.pieces.push_back(piece_from_json(p, frag_path, name));
       }
     }
     for (auto& [name, t] : idx.tensors)
@@ -256,31 +252,59 @@ Index read_index(const std::string& dir) {
   return Index::from_json(read_json(path), path);
 }
 
+namespace {
+
+/// The saved ranges that fill piece `p` (elements [p.begin, p.end) of its
+/// tensor) into `out`; throws Incompatible for another name or shape.
+std::vector<ShardReader::Range> ranges_for(const std::string& dir, const Index& idx,
+                                           const dist::StatePiece& p, float* out) {
+  auto it = idx.tensors.find(p.name);
+  if (it == idx.tensors.end())
+    throw Incompatible(cat("checkpoint '", dir, "' has no tensor '", p.name,
+                           "': it was saved from a different model; start without train.resume or use a "
+                           "checkpoint of this model"));
+  const SavedTensor& t = it->second;
+  if (t.shape != p.shape)
+    throw Incompatible(cat("checkpoint '", dir, "': tensor '", p.name, "' has shape ", shape_str(t.shape),
+                           " there but ", shape_str(p.shape), " in this model (a different model shape)"));
+  std::vector<ShardReader::Range> ranges;
+  int64_t covered = 0;
+  for (const SavedPiece& s : t.pieces) {
+    const int64_t lo = std::max(p.begin, s.begin), hi = std::min(p.end, s.end);
+    if (lo >= hi) continue;
+    ranges.push_back({&s, lo, hi, out + (lo - p.begin)});
+    covered += hi - lo;
+  }
+  BT_CHECK(covered == p.end - p.begin, "checkpoint '", dir, "': tensor '", p.name, "' elements [", p.begin,
+           ", ", p.end, ") are not all saved (", covered, " found); the index is incomplete");
+  return ranges;
+}
+
+}  // namespace
+
 void load_pieces(const std::string& dir, const Index& idx, const std::vector<dist::StatePiece>& pieces) {
+  // In rounds of about kRound elements of host memory: the rounds' reads run
+  // in parallel (ShardReader), then their pieces are copied to the device.
+  constexpr int64_t kRound = int64_t{64} << 20;
   ShardReader reader(dir);
   NoGradGuard ng;
-  for (const dist::StatePiece& p : pieces) {
-    auto it = idx.tensors.find(p.name);
-    if (it == idx.tensors.end())
-      throw Incompatible(cat("checkpoint '", dir, "' has no tensor '", p.name,
-                             "': it was saved from a different model; start without train.resume or use a "
-                             "checkpoint of this model"));
-    const SavedTensor& t = it->second;
-    if (t.shape != p.shape)
-      throw Incompatible(cat("checkpoint '", dir, "': tensor '", p.name, "' has shape ", shape_str(t.shape),
-                             " there but ", shape_str(p.shape), " in this model (a different model shape)"));
-    Tensor host = empty({p.end - p.begin}, TensorOptions{});
-    float* out = host.data<float>();
-    int64_t covered = 0;
-    for (const SavedPiece& s : t.pieces) {
-      const int64_t lo = std::max(p.begin, s.begin), hi = std::min(p.end, s.end);
-      if (lo >= hi) continue;
-      reader.read(s, lo, hi, out + (lo - p.begin));
-      covered += hi - lo;
+  for (size_t first = 0; first < pieces.size();) {
+    std::vector<Tensor> host;
+    std::vector<ShardReader::Range> ranges;
+    size_t last = first;
+    for (int64_t n = 0; last < pieces.size() && (last == first || n + pieces[last].data.numel() <= kRound);
+         ++last) {
+      const dist::StatePiece& p = pieces[last];
+      n += p.end - p.begin;
+      TensorOptions opts;
+      opts.pinned = p.data.device().is_cuda();
+      host.push_back(empty({p.end - p.begin}, opts));
+      for (const ShardReader::Range& r : ranges_for(dir, idx, p, host.back().data<float>()))
+        ranges.push_back(r);
     }
-    BT_CHECK(covered == p.end - p.begin, "checkpoint '", dir, "': tensor '", p.name, "' elements [", p.begin,
-             ", ", p.end, ") are not all saved (", covered, " found); the index is incomplete");
-    Tensor(p.data).copy_(host);
+    reader.read(ranges);
+    for (size_t i = first; i < last; ++i) Tensor(pieces[i].data).copy_(host[i - first]);
+    first = last;
   }
 }
 
@@ -299,7 +323,7 @@ std::vector<std::string> verify(const std::string& dir) {
     for (const SavedPiece& p : t.pieces) {
       buf.resize(static_cast<size_t>(p.end - p.begin));
       try {
-        reader.read(p, p.begin, p.end, buf.data());  // whole piece: Fletcher-32 and crc32
+        reader.read({{&p, p.begin, p.end, buf.data()}});  // every block against its crc32
       } catch (const Error& e) {
         problems.push_back(e.what());
       }

@@ -15,6 +15,36 @@ int64_t SavedTensor::numel() const {
   return n;
 }
 
+json piece_to_json(const SavedPiece& p) {
+  json j = {{"file", p.file}, {"dataset", p.dataset}, {"begin", p.begin}, {"end", p.end}, {"crc32", p.crc32}};
+  if (p.block > 0) {
+    j["crc32_block"] = p.block;
+    j["block_crc32"] = p.block_crc32;
+  }
+  return j;
+}
+
+SavedPiece piece_from_json(const json& j, const std::string& where, const std::string& tensor) {
+  SavedPiece p;
+  p.file = j.at("file").get<std::string>();
+  p.dataset = j.at("dataset").get<std::string>();
+  p.begin = j.at("begin").get<int64_t>();
+  p.end = j.at("end").get<int64_t>();
+  p.crc32 = j.at("crc32").get<uint32_t>();
+  if (j.contains("crc32_block")) {
+    p.block = j.at("crc32_block").get<int64_t>();
+    p.block_crc32 = j.at("block_crc32").get<std::vector<uint32_t>>();
+    BT_CHECK(p.block > 0 &&
+                 static_cast<int64_t>(p.block_crc32.size()) == (p.end - p.begin + p.block - 1) / p.block,
+             where, ": piece ", p.dataset, " of tensor ", tensor, " has ", p.block_crc32.size(),
+             " block checksums for ", p.end - p.begin, " elements in blocks of ", p.block,
+             "; the checkpoint is corrupt");
+  }
+  BT_CHECK(p.begin >= 0 && p.begin < p.end, where, ": piece ", p.dataset, " of tensor ", tensor,
+           " has range [", p.begin, ", ", p.end, "); the checkpoint is corrupt");
+  return p;
+}
+
 json Index::to_json() const {
   json j;
   j["format"] = kFormat;
@@ -30,9 +60,7 @@ json Index::to_json() const {
   j["tensors"] = json::object();
   for (const auto& [name, t] : tensors) {
     json pieces = json::array();
-    for (const SavedPiece& p : t.pieces)
-      pieces.push_back(
-          {{"file", p.file}, {"dataset", p.dataset}, {"begin", p.begin}, {"end", p.end}, {"crc32", p.crc32}});
+    for (const SavedPiece& p : t.pieces) pieces.push_back(piece_to_json(p));
     j["tensors"][name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"pieces", pieces}};
   }
   return j;
@@ -60,10 +88,7 @@ Index Index::from_json(const json& j, const std::string& where) {
       SavedTensor st;
       st.shape = t.at("shape").get<std::vector<int64_t>>();
       st.dtype = t.at("dtype").get<std::string>();
-      for (const json& p : t.at("pieces"))
-        st.pieces.push_back({p.at("file").get<std::string>(), p.at("dataset").get<std::string>(),
-                             p.at("begin").get<int64_t>(), p.at("end").get<int64_t>(),
-                             p.at("crc32").get<uint32_t>()});
+      for (const json& p : t.at("pieces")) st.pieces.push_back(piece_from_json(p, where, name));
       std::sort(st.pieces.begin(), st.pieces.end(),
                 [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
       x.tensors.emplace(name, std::move(st));

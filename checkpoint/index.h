@@ -14,7 +14,9 @@
 namespace bt::ckpt {
 
 inline constexpr const char* kFormat = "blutrain-checkpoint";
-inline constexpr int64_t kVersion = 1;
+/// 2: contiguous datasets with a crc32 per block of `crc32_block` elements
+/// (1: chunked datasets with Fletcher-32, one crc32 per piece; still read).
+inline constexpr int64_t kVersion = 2;
 
 /// One saved range [begin, end) of a tensor's flattened elements.
 struct SavedPiece {
@@ -22,7 +24,17 @@ struct SavedPiece {
   std::string dataset;  // "<tensor name>/<begin>"
   int64_t begin = 0, end = 0;
   uint32_t crc32 = 0;  // zlib crc32 of the little-endian f32 bytes
+  // The crc32 of each block of `block` elements ([begin + k * block, ...),
+  // the last one shorter), so that a partial read checks what it reads.
+  // block == 0 (format version 1): only the whole piece's crc32.
+  int64_t block = 0;
+  std::vector<uint32_t> block_crc32;
 };
+
+/// A piece as the index (and a rank's fragment) stores it.
+nlohmann::json piece_to_json(const SavedPiece& p);
+/// Throws bt::Error naming `where` and `tensor` for a malformed piece.
+SavedPiece piece_from_json(const nlohmann::json& j, const std::string& where, const std::string& tensor);
 
 struct SavedTensor {
   std::vector<int64_t> shape;

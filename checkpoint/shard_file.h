@@ -1,8 +1,10 @@
-// One rank's HDF5 file of a checkpoint: a 1-D float32 dataset per state
-// piece at "<tensor name>/<begin>" (e.g. "param/h.0.ln_1.weight/0"), chunked
-// with HDF5's Fletcher-32 filter (every chunk read is checked), with int64
-// attributes begin, end and crc32 (zlib crc32 of the piece's bytes). Files are
-// opened without HDF5 file locking (Note [HDF5 file locking]).
+// One rank's HDF5 file of a checkpoint: a contiguous 1-D float32 dataset per
+// state piece at "<tensor name>/<begin>" (e.g. "param/h.0.ln_1.weight/0"),
+// with attributes begin, end, crc32 (zlib crc32 of the piece's bytes),
+// crc32_block and block_crc32 (the crc32 of each block of crc32_block
+// elements). HDF5 lays the file out; the data moves through our own parallel
+// positioned reads and writes (Note [Checkpoint data path]). Files are opened
+// without HDF5 file locking (Note [HDF5 file locking]).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "checkpoint/index.h"
+#include "checkpoint/io_pool.h"
 #include "runtime/dist/strategy.h"
 
 namespace bt::ckpt {
@@ -23,12 +26,35 @@ namespace bt::ckpt {
 // lock is needed: every open here disables it (H5Pset_file_locking(false),
 // what HDF5_USE_FILE_LOCKING=FALSE does for other readers such as h5py).
 
+// Note [Checkpoint data path]: HDF5 writes only the file's metadata; the
+// tensor bytes bypass it.
+//   - Every dataset is contiguous with its space allocated at creation
+//     (H5D_ALLOC_TIME_EARLY, no fill), so H5Dget_offset gives where its bytes
+//     go. The metadata is flushed first; then the whole file's blocks are
+//     reserved (fallocate), so a full disk fails before any data is written
+//     and HDF5 never sees a failed write (HDF5 1.10 cannot recover from a
+//     failed flush: the half-closed file crashes the library at exit).
+//   - The data goes out in blocks of kCrcBlock elements: a pool of threads
+//     computes each block's crc32 and pwrite(2)s it, and starts its writeback
+//     at once (sync_file_range), so several requests keep the disk busy while
+//     the caller copies the next blocks off the GPU into pinned buffers. The
+//     checksums then go into the attributes created for them (in place), the
+//     file is closed and fsynced.
+//   - Reads find the same offsets and pread(2) whole blocks in parallel: a
+//     block is checked against its crc32 before any of it is used, so a
+//     partial read (a reshard) is as safe as a whole one.
+// Host memory stays bounded by the blocks in flight (IoPool's queue).
+
+/// Elements per checksummed block (4 MiB of f32).
+inline constexpr int64_t kCrcBlock = int64_t{1} << 20;
+
 /// zlib crc32 of `n` floats.
 uint32_t crc32_of(const float* data, int64_t n);
 
 /// Writes `pieces` (any device) to a new file `path`, fsyncs it, and returns
 /// the index entries (file name `file_name`) with their checksums. Throws
-/// bt::Error naming `path` on any failure (a full disk included).
+/// bt::Error naming `path` on any failure (a full disk included), after
+/// removing the file.
 std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::string& path,
                                                                  const std::string& file_name,
                                                                  const std::vector<dist::StatePiece>& pieces);
@@ -41,16 +67,25 @@ class ShardReader {
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
 
-  /// Reads elements [lo, hi) of saved piece `p` (lo, hi within [p.begin, p.end))
-  /// into `out`. A read of the whole piece also checks its crc32. Throws
-  /// bt::Error naming the file and dataset for a missing file or dataset, a
-  /// Fletcher-32 or crc32 mismatch (corruption) or a short file.
-  void read(const SavedPiece& p, int64_t lo, int64_t hi, float* out);
+  /// Elements [lo, hi) of saved piece `piece` (within [begin, end)) into `out`.
+  struct Range {
+    const SavedPiece* piece;
+    int64_t lo, hi;
+    float* out;
+  };
+  /// Reads every range, in parallel. Throws bt::Error naming the file and
+  /// dataset for a missing file or dataset, a checksum mismatch (corruption)
+  /// or a truncated file.
+  void read(const std::vector<Range>& ranges);
 
  private:
-  int64_t file(const std::string& name);
+  struct File;
+  File& file(const std::string& name);
+  void queue(const std::vector<Range>& ranges);
+  void read_legacy(const Range& r);  // format version 1: chunked, via HDF5
   std::string dir_;
-  std::map<std::string, int64_t> files_;  // open hid_t per file name
+  std::map<std::string, std::unique_ptr<File>> files_;
+  IoPool pool_;
 };
 
 }  // namespace bt::ckpt

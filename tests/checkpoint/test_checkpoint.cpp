@@ -12,10 +12,12 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/shard_file.h"
 #include "runtime/tensor/factory.h"
 #include "tests/support/error_message.h"
 #include "tests/support/fetched_data.h"
@@ -164,6 +166,117 @@ TEST(Checkpoint, AFlippedByteIsCaughtByVerifyAndByLoads) {
   EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
 }
 
+/// The file offset of element `at` of dataset `name` (a contiguous one).
+uint64_t offset_of(const std::string& file, const std::string& name, int64_t at) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+  const haddr_t base = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  EXPECT_NE(base, HADDR_UNDEF);
+  return base + static_cast<uint64_t>(at) * 4;
+}
+
+// Note [Checkpoint data path]: a piece of 2.5 blocks has three block crc32s
+// (and its whole crc32 is theirs combined); a flipped byte in the third block
+// fails exactly the reads that touch that block.
+TEST(Checkpoint, EachBlockChecksumGuardsThePartialReadsThatTouchIt) {
+  test::TempDir dir("bt_ckpt");
+  Generator gen(4);
+  const int64_t n = kCrcBlock * 5 / 2;
+  const Tensor big = randn({n}, {}, &gen);
+  SaveRequest r;
+  r.root = dir.file("ck");
+  r.step = 1;
+  r.pieces = {piece("param/big", big, 0, n)};
+  r.config = nlohmann::json::object();
+  const std::string d = save(r, nullptr);
+  const Index idx = read_index(d);
+  const SavedPiece& saved = idx.tensors.at("param/big").pieces.at(0);
+  ASSERT_EQ(saved.block, kCrcBlock);
+  ASSERT_EQ(saved.block_crc32.size(), 3u);
+  const std::vector<float> want = values(big);
+  EXPECT_EQ(saved.crc32, crc32_of(want.data(), n));
+  EXPECT_EQ(saved.block_crc32[2], crc32_of(want.data() + 2 * kCrcBlock, n - 2 * kCrcBlock));
+
+  const std::string file = d + "/rank_00000.h5";
+  const uint64_t at = offset_of(file, "param/big/0", 2 * kCrcBlock + 12345);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x01);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&c, 1);
+  }
+  Tensor into = zeros({n});
+  load_pieces(d, read_index(d), {piece("param/big", into, 100, 2 * kCrcBlock)});  // blocks 0 and 1: sound
+  const std::vector<float> got = values(into);
+  for (int64_t i : {int64_t{100}, kCrcBlock, 2 * kCrcBlock - 1}) EXPECT_EQ(got[i], want[i]) << i;
+  const std::string msg = test::error_message([&] {
+    load_pieces(d, read_index(d), {piece("param/big", into, 2 * kCrcBlock + 5, 2 * kCrcBlock + 9)});
+  });
+  EXPECT_NE(msg.find(cat("elements [", 2 * kCrcBlock, ", ", n, ") do not match their crc32")),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("param/big/0"), std::string::npos) << msg;
+  EXPECT_EQ(verify(d).size(), 1u);
+}
+
+/// Rewrites checkpoint `d` (one rank) as format version 1 wrote it: chunked
+/// datasets with Fletcher-32, one crc32 per piece in the index.
+void rewrite_as_version_1(const std::string& d) {
+  Index idx = read_index(d);
+  const std::string file = d + "/rank_00000.h5";
+  std::vector<std::pair<std::string, std::vector<float>>> data;
+  {
+    ShardReader reader(d);
+    for (auto& [name, t] : idx.tensors)
+      for (SavedPiece& p : t.pieces) {
+        data.emplace_back(p.dataset, std::vector<float>(static_cast<size_t>(p.end - p.begin)));
+        reader.read({{&p, p.begin, p.end, data.back().second.data()}});
+        p.block = 0;
+        p.block_crc32.clear();
+      }
+  }
+  fs::remove(file);
+  const hid_t f = H5Fcreate(file.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  for (const auto& [name, v] : data) {
+    const hsize_t dims[1] = {v.size()}, chunk[1] = {2};
+    const hid_t space = H5Screate_simple(1, dims, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, chunk);
+    H5Pset_fletcher32(dcpl);
+    const hid_t ds = H5Dcreate2(f, name.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
+    ASSERT_GE(ds, 0) << name;
+    H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+  }
+  H5Pclose(lcpl);
+  H5Fclose(f);
+  nlohmann::json j = idx.to_json();
+  j["version"] = 1;
+  std::ofstream(d + "/index.json") << j.dump();
+}
+
+TEST(Checkpoint, ReadsFormatVersion1) {
+  test::TempDir dir("bt_ckpt");
+  const Globals saved(1);
+  const std::string d = save(request(dir.file("ck"), 5, saved), nullptr);
+  rewrite_as_version_1(d);
+  ASSERT_EQ(read_index(d).tensors.at("param/a").pieces.at(0).block, 0);
+  EXPECT_TRUE(verify(d).empty());
+  const Globals got(2);
+  load_pieces(d, read_index(d), {piece("param/a", got.a, 2, 15), piece("param/a", got.a, 0, 2)});
+  EXPECT_EQ(values(got.a), values(saved.a));
+  flip_a_data_byte(d + "/rank_00000.h5");
+  EXPECT_FALSE(verify(d).empty()) << "Fletcher-32 or the crc32 must notice the flipped byte";
+}
+
 TEST(Checkpoint, ATensorOfAnotherShapeIsRefusedByName) {
   test::TempDir dir("bt_ckpt");
   const Globals g(1);
@@ -206,6 +319,7 @@ TEST(Checkpoint, AFullDiskLeavesThePreviousCheckpoint) {
   r.pieces.push_back(piece("param/big", big, 0, big.numel()));
   const std::string msg = test::error_message([&] { save(r, nullptr); });
   EXPECT_NE(msg.find("step_00000002.tmp/rank_00000.h5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the disk is full"), std::string::npos) << msg;
   EXPECT_EQ(fs::path(latest(root)).filename(), "step_00000001");
   EXPECT_EQ(list(root).size(), 1u);
   EXPECT_FALSE(fs::exists(root + "/step_00000002.tmp"));
@@ -224,6 +338,15 @@ TEST(Checkpoint, H5lsListsEveryPiece) {
   ASSERT_EQ(r.status, 0) << r.out;
   for (const char* ds : {"/param/a/0 ", "/param/a/4 ", "/param/a/11 ", "/adam_m/b/0 "})
     EXPECT_NE(r.out.find(ds), std::string::npos) << ds << " in\n" << r.out;
+  // The checksums of the index are in the file too, for readers without it.
+  const Index idx = read_index(d);
+  const SavedPiece& p = idx.tensors.at("param/a").pieces.at(1);
+  const test::CommandResult a = test::run_command("h5dump -a /param/a/4/crc32 -a /param/a/4/block_crc32 " +
+                                                  test::shell_quote(d + "/rank_00000.h5"));
+  ASSERT_EQ(a.status, 0) << a.out;
+  EXPECT_NE(a.out.find(cat("(0): ", p.crc32)), std::string::npos) << a.out;
+  EXPECT_EQ(p.block_crc32.size(), 1u);
+  EXPECT_EQ(p.block_crc32[0], p.crc32);
 }
 
 }  // namespace

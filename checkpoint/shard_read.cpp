@@ -1,0 +1,124 @@
+// ShardReader (Note [Checkpoint data path]).
+#include <algorithm>
+#include <cstring>
+
+#include <hdf5.h>
+
+#include "checkpoint/h5_check.h"
+#include "checkpoint/h5_util.h"
+#include "checkpoint/posix_file.h"
+#include "checkpoint/shard_file.h"
+
+namespace bt::ckpt {
+
+struct ShardReader::File {
+  h5::Id h5;
+  PosixFile raw;
+};
+
+ShardReader::ShardReader(std::string dir) : dir_(std::move(dir)), pool_(IoPool::default_threads(), 64) {
+  detail::h5_silence_auto_errors();
+}
+
+ShardReader::~ShardReader() = default;
+
+ShardReader::File& ShardReader::file(const std::string& name) {
+  auto it = files_.find(name);
+  if (it != files_.end()) return *it->second;
+  const std::string path = dir_ + "/" + name;
+  h5::Id fapl(BT_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  BT_H5_CHECK(H5Pset_file_locking(fapl, false, true));  // Note [HDF5 file locking]
+  h5::Id h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+  BT_CHECK(h5.get() >= 0, "cannot open checkpoint file '", path, "': ", h5::error_stack(),
+           " (missing, truncated or corrupt)");
+  auto f = std::unique_ptr<File>(new File{std::move(h5), PosixFile(path, PosixFile::Mode::Read)});
+  return *files_.emplace(name, std::move(f)).first->second;
+}
+
+namespace {
+
+/// Where a saved piece's bytes lie: its dataset's offset (HADDR_UNDEF for a
+/// chunked dataset of format version 1), after checking its size.
+haddr_t locate(hid_t file, const SavedPiece& p, const std::string& where) {
+  h5::Id dset(BT_H5_CHECK(H5Dopen2(file, p.dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  h5::Id space(BT_H5_CHECK(H5Dget_space(dset)), H5Sclose);
+  hsize_t dims[1] = {0};
+  BT_CHECK(H5Sget_simple_extent_ndims(space) == 1, where, " is not 1-D; the checkpoint is corrupt");
+  BT_H5_CHECK(H5Sget_simple_extent_dims(space, dims, nullptr));
+  BT_CHECK(static_cast<int64_t>(dims[0]) == p.end - p.begin, where, " holds ", dims[0],
+           " elements but the index says ", p.end - p.begin, "; the checkpoint is corrupt");
+  h5::Id type(BT_H5_CHECK(H5Dget_type(dset)), H5Tclose);
+  BT_CHECK(BT_H5_CHECK(H5Tequal(type, H5T_IEEE_F32LE)) > 0, where,
+           " is not float32; the checkpoint is corrupt");
+  h5::Id dcpl(BT_H5_CHECK(H5Dget_create_plist(dset)), H5Pclose);
+  return H5Pget_layout(dcpl) == H5D_CONTIGUOUS ? H5Dget_offset(dset) : HADDR_UNDEF;
+}
+
+}  // namespace
+
+void ShardReader::read(const std::vector<Range>& ranges) {
+  try {
+    queue(ranges);
+  } catch (...) {
+    try {  // the queued blocks write into the caller's buffers: let them finish
+      pool_.wait();
+    } catch (...) {
+    }
+    throw;
+  }
+  pool_.wait();
+}
+
+void ShardReader::queue(const std::vector<Range>& ranges) {
+  for (const Range& r : ranges) {
+    const SavedPiece& p = *r.piece;
+    BT_ASSERT(p.begin <= r.lo && r.lo < r.hi && r.hi <= p.end);
+    const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
+    File& f = file(p.file);
+    const haddr_t at = h5::with_context(cat("cannot read ", where, " (the file is damaged)"),
+                                        [&] { return locate(f.h5, p, where); });
+    if (p.block == 0 || at == HADDR_UNDEF) {
+      BT_CHECK(p.block == 0, where, " is not a contiguous dataset; the checkpoint is corrupt");
+      read_legacy(r);
+      continue;
+    }
+    // Whole blocks, each checked before use: straight into `out` when the
+    // block lies inside [lo, hi), else through a buffer.
+    const PosixFile* raw = &f.raw;
+    for (int64_t b = (r.lo - p.begin) / p.block; p.begin + b * p.block < r.hi; ++b) {
+      pool_.submit([raw, &p, r, b, at, where] {
+        const int64_t first = p.begin + b * p.block, n = std::min(p.block, p.end - first);
+        const bool inside = first >= r.lo && first + n <= r.hi;
+        std::vector<float> buf(inside ? 0 : static_cast<size_t>(n));
+        float* dst = inside ? r.out + (first - r.lo) : buf.data();
+        raw->read_at(dst, static_cast<size_t>(n) * 4, at + static_cast<uint64_t>(first - p.begin) * 4);
+        BT_CHECK(crc32_of(dst, n) == p.block_crc32[static_cast<size_t>(b)], where, " elements [", first, ", ",
+                 first + n, ") do not match their crc32 in the index: the checkpoint is corrupt");
+        if (!inside) {
+          const int64_t lo = std::max(first, r.lo), hi = std::min(first + n, r.hi);
+          std::memcpy(r.out + (lo - r.lo), buf.data() + (lo - first), static_cast<size_t>(hi - lo) * 4);
+        }
+      });
+    }
+  }
+}
+
+void ShardReader::read_legacy(const Range& r) {
+  const SavedPiece& p = *r.piece;
+  const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
+  h5::with_context(
+      cat("cannot read ", where, " (corrupt: a checksum does not match, or the file is damaged)"), [&] {
+        h5::Id dset(BT_H5_CHECK(H5Dopen2(file(p.file).h5, p.dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+        h5::Id space(BT_H5_CHECK(H5Dget_space(dset)), H5Sclose);
+        const hsize_t start[1] = {static_cast<hsize_t>(r.lo - p.begin)},
+                      count[1] = {static_cast<hsize_t>(r.hi - r.lo)};
+        BT_H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr));
+        h5::Id mem(BT_H5_CHECK(H5Screate_simple(1, count, nullptr)), H5Sclose);
+        BT_H5_CHECK(H5Dread(dset, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, r.out));
+      });
+  if (r.lo == p.begin && r.hi == p.end)
+    BT_CHECK(crc32_of(r.out, r.hi - r.lo) == p.crc32, where,
+             " does not match its crc32 in the index: the checkpoint is corrupt");
+}
+
+}  // namespace bt::ckpt
