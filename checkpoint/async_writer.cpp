@@ -1,5 +1,7 @@
 #include "checkpoint/async_writer.h"
 
+#include "checkpoint/io_pool.h"
+
 namespace bt::ckpt {
 
 AsyncWriter::~AsyncWriter() {
@@ -10,11 +12,13 @@ void AsyncWriter::start(SaveRequest r, int rank, std::function<void()> before) {
   BT_CHECK(!pending_, "AsyncWriter::start: the previous save is still pending");
   if (thread_.joinable()) thread_.join();
   req_ = std::move(r);
+  req_.background = true;
   pending_ = true;
   finished_ = false;
   error_.clear();
   thread_ = std::thread([this, rank, before = std::move(before)] {
     std::string err;
+    IoPool::lower_priority();
     try {
       if (before) before();
       write_rank(req_, rank);

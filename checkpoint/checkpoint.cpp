@@ -126,7 +126,7 @@ std::string prepare(const SaveRequest& r, int rank) {
 void write_rank(const SaveRequest& r, int rank) {
   const std::string tmp_dir = (fs::path(r.root) / dir_name(r.step)).string() + ".tmp";
   const std::string stem = rank_stem(rank);
-  const auto written = write_shard_file(tmp_dir + "/" + stem + ".h5", stem + ".h5", r.pieces);
+  const auto written = write_shard_file(tmp_dir + "/" + stem + ".h5", stem + ".h5", r.pieces, r.background);
   json frag;
   frag["rank"] = rank;
   frag["file"] = stem + ".h5";

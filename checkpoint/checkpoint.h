@@ -35,9 +35,10 @@ struct SaveRequest {
   std::map<std::string, int64_t> rank_counters;  // this rank's own (its RNG state)
   nlohmann::json config;                         // the resolved config
   std::string strategy = "local";
-  std::string device;      // this rank's device
-  int64_t keep_last = 0;   // retention: keep the newest K (0: keep all) ...
-  int64_t keep_every = 0;  // ... and every checkpoint whose step is a multiple of M (0: none)
+  std::string device;       // this rank's device
+  int64_t keep_last = 0;    // retention: keep the newest K (0: keep all) ...
+  int64_t keep_every = 0;   // ... and every checkpoint whose step is a multiple of M (0: none)
+  bool background = false;  // written while training goes on: the I/O threads yield the CPU
 };
 
 /// Saves by Note [Checkpoint commit]; collective over `pg` (null: one

@@ -2,10 +2,23 @@
 
 #include <algorithm>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace bt::ckpt {
 
-IoPool::IoPool(int threads, int max_queued) : max_queued_(static_cast<size_t>(std::max(1, max_queued))) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { work(); });
+IoPool::IoPool(int threads, int max_queued, bool background)
+    : max_queued_(static_cast<size_t>(std::max(1, max_queued))) {
+  for (int i = 0; i < std::max(1, threads); ++i)
+    threads_.emplace_back([this, background] { work(background); });
+}
+
+void IoPool::lower_priority() {
+#ifdef __linux__
+  // On Linux the nice value is per thread: PRIO_PROCESS with a thread id.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+#endif
 }
 
 IoPool::~IoPool() {
@@ -41,7 +54,8 @@ void IoPool::wait() {
   }
 }
 
-void IoPool::work() {
+void IoPool::work(bool background) {
+  if (background) lower_priority();
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     has_job_.wait(lk, [&] { return stop_ || !jobs_.empty(); });

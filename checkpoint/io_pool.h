@@ -18,7 +18,9 @@ class IoPool {
  public:
   /// `threads` workers; submit() blocks while `max_queued` jobs wait, which
   /// bounds the memory that queued jobs hold (their staging buffers).
-  explicit IoPool(int threads, int max_queued = 16);
+  /// `background`: the workers run at a lower CPU priority (nice 10), so a
+  /// checkpoint written during training yields the cores to it.
+  explicit IoPool(int threads, int max_queued = 16, bool background = false);
   /// Waits for the jobs; an error not collected by wait() is dropped.
   ~IoPool();
   IoPool(const IoPool&) = delete;
@@ -32,9 +34,11 @@ class IoPool {
 
   /// Threads for checkpoint I/O: 8, or fewer on a machine with fewer CPUs.
   static int default_threads();
+  /// Lowers the calling thread's CPU priority to nice 10 (Linux; a hint).
+  static void lower_priority();
 
  private:
-  void work();
+  void work(bool background);
   std::mutex mu_;
   std::condition_variable has_job_, has_room_, idle_;
   std::deque<std::function<void()>> jobs_;

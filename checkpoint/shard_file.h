@@ -55,9 +55,11 @@ uint32_t crc32_of(const float* data, int64_t n);
 /// the index entries (file name `file_name`) with their checksums. Throws
 /// bt::Error naming `path` on any failure (a full disk included), after
 /// removing the file.
+/// `background`: the I/O threads yield the CPU to training (IoPool).
 std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::string& path,
                                                                  const std::string& file_name,
-                                                                 const std::vector<dist::StatePiece>& pieces);
+                                                                 const std::vector<dist::StatePiece>& pieces,
+                                                                 bool background = false);
 
 /// Open rank files of one checkpoint, read by ranges.
 class ShardReader {

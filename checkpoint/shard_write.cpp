@@ -138,8 +138,10 @@ void queue_piece(IoPool& pool, const PosixFile& out, const dist::StatePiece& p, 
 
 }  // namespace
 
-std::vector<std::pair<std::string, SavedPiece>> write_shard_file(
-    const std::string& path, const std::string& file_name, const std::vector<dist::StatePiece>& pieces) {
+std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::string& path,
+                                                                 const std::string& file_name,
+                                                                 const std::vector<dist::StatePiece>& pieces,
+                                                                 bool background) {
   detail::h5_silence_auto_errors();
   for (const dist::StatePiece& p : pieces)
     BT_CHECK(p.end > p.begin && p.data.numel() == p.end - p.begin, "checkpoint piece ", p.name, " [", p.begin,
@@ -179,7 +181,7 @@ std::vector<std::pair<std::string, SavedPiece>> write_shard_file(
   PosixFile out(path, PosixFile::Mode::Write);
   out.reserve(eoa);
   {
-    IoPool pool(IoPool::default_threads());
+    IoPool pool(IoPool::default_threads(), 16, background);
     for (size_t i = 0; i < pieces.size(); ++i) queue_piece(pool, out, pieces[i], slots[i]);
     pool.wait();
   }
