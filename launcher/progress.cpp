@@ -65,22 +65,22 @@ Progress::Progress(int64_t total, int64_t log_every, double flops_per_token, std
       log_every_(log_every),
       flops_per_token_(flops_per_token),
       peak_(peak),
-      tty_(isatty(fileno(out)) != 0),
-      lines_(out, "") {}
+      out_(out),
+      tty_(isatty(fileno(out)) != 0) {}
 
 Progress::~Progress() { end_live_line(); }
 
 void Progress::end_live_line() {
-  if (live_) lines_.write("\n");
+  if (live_) std::fputc('\n', out_);
   live_ = false;
+  std::fflush(out_);
 }
 
 void Progress::print(const std::string& line) {
   end_live_line();
-  lines_.write(line + "\n");
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
 }
-
-void Progress::drain() { lines_.drain(); }
 
 double Progress::mean_tokens_per_s() const {
   return steady_seconds_ > 0 ? static_cast<double>(steady_tokens_) / steady_seconds_ : 0.0;
@@ -101,24 +101,23 @@ void Progress::on_step(const train::StepStats& s) {
     line += fmt::format(" | MFU {:.1f}%", 100.0 * s.tokens_per_s * flops_per_token_ / *peak_);
   line += fmt::format(" | mem {} | ETA {}", human_bytes(s.peak_mem_bytes), human_duration(eta));
   if (tty_) {
-    lines_.write("\r\033[K" + line);
+    std::fprintf(out_, "\r\033[K%s", line.c_str());
     live_ = true;
     if (s.step == total_) end_live_line();
+    std::fflush(out_);
   } else if (s.step % log_every_ == 0 || s.step == 1 || s.step == total_) {
     print(line);
   }
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   f_ = std::fopen(path.c_str(), "w");
   BT_CHECK(f_ != nullptr, "cannot create the metrics file '", path, "': ", std::strerror(errno),
            "; check that its folder exists and is writable");
-  lines_ = std::make_unique<LineWriter>(f_, "the metrics file '" + path + "'");
 }
 
 MetricsWriter::~MetricsWriter() {
-  lines_.reset();  // writes what is queued
   if (f_) std::fclose(f_);
 }
 
@@ -136,7 +135,9 @@ void MetricsWriter::write(const train::StepStats& s, std::optional<double> val_l
   j["gradient_bytes"] = s.gradient_bytes;
   j["parameter_bytes"] = s.parameter_bytes;
   if (val_loss) j["val_loss"] = *val_loss;
-  lines_->write(j.dump() + "\n");
+  const std::string line = j.dump() + "\n";
+  BT_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "cannot write the metrics file '",
+           path_, "': ", std::strerror(errno));
 }
 
 }  // namespace bt::launcher

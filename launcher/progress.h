@@ -1,16 +1,13 @@
 // Progress display for training: one live line rewritten in place on a
 // terminal, plain lines every `log_every` steps otherwise; plus the metrics
-// JSONL writer (one object per step) and small formatting helpers. Both write
-// through a LineWriter (Note [Log writes off the training thread]).
+// JSONL writer (one object per step) and small formatting helpers.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
-#include <memory>
 #include <optional>
 #include <string>
 
-#include "launcher/line_writer.h"
 #include "runtime/core/device.h"
 #include "runtime/core/precision.h"
 #include "runtime/train/trainer.h"
@@ -34,8 +31,6 @@ class Progress {
   void on_step(const train::StepStats& s);
   /// A line that must stay (validation loss, notes): ends any live line first.
   void print(const std::string& line);
-  /// Waits until every line is written: call before writing to `out` directly.
-  void drain();
   /// Mean tokens/s over the steps after the first (the first pays warmup).
   double mean_tokens_per_s() const;
   double elapsed() const { return elapsed_; }
@@ -45,8 +40,8 @@ class Progress {
   int64_t total_, log_every_;
   double flops_per_token_;
   std::optional<double> peak_;
+  FILE* out_;
   bool tty_;
-  LineWriter lines_;
   bool live_ = false;
   double elapsed_ = 0, steady_seconds_ = 0;
   int64_t steady_tokens_ = 0;
@@ -64,7 +59,7 @@ class MetricsWriter {
 
  private:
   FILE* f_ = nullptr;
-  std::unique_ptr<LineWriter> lines_;
+  std::string path_;
 };
 
 }  // namespace bt::launcher

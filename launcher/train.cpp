@@ -176,7 +176,6 @@ int run_train(int argc, char** argv) {
     const std::string line = checkpointer->flush();
     if (!line.empty()) progress.print(line);
   }
-  progress.drain();  // what follows is printed directly
   if (last_step < t.steps) {
     std::printf("stopped after step %lld of %lld (train.stop_at_step)%s\n", static_cast<long long>(last_step),
                 static_cast<long long>(t.steps),
