@@ -8,7 +8,9 @@
 // of an epoch is samples [g*B*world, (g+1)*B*world) of that order, and rank r
 // takes the r-th block of B of them, so ranks see disjoint samples whose union
 // is what one process with batch B*world would see. An epoch ends when fewer
-// than B*world samples remain (the tail is dropped).
+// than B*world samples remain (the tail is dropped). Shards that fit in a
+// quarter of the memory are read into the page cache in the background when
+// the loader opens them (Note [Token shards in the page cache]).
 #pragma once
 
 #include <condition_variable>
@@ -69,6 +71,9 @@ class TokenLoader {
     std::exception_ptr error;
   };
 
+  /// Asks the kernel to read the shards (`bytes` in all) into the page cache
+  /// when they fit (Note [Token shards in the page cache]).
+  void prefetch_into_page_cache(int64_t bytes) const;
   void start_worker(const LoaderState& s);
   void stop_worker();
   void worker_loop(LoaderState s);
