@@ -292,7 +292,8 @@ void load_pieces(const std::string& dir, const Index& idx, const std::vector<dis
     std::vector<Tensor> host;
     std::vector<ShardReader::Range> ranges;
     size_t last = first;
-    for (int64_t n = 0; last < pieces.size() && (last == first || n + pieces[last].data.numel() <= kRound);
+    for (int64_t n = 0;
+         last < pieces.size() && (last == first || n + pieces[last].end - pieces[last].begin <= kRound);
          ++last) {
       const dist::StatePiece& p = pieces[last];
       n += p.end - p.begin;

@@ -11,14 +11,10 @@
 #include "kernels/common/error.h"
 
 namespace bt::ckpt {
-namespace {
-
 const char* full_disk_hint(int err) {
   return err == ENOSPC || err == EDQUOT ? " -- the disk is full; free space or point checkpoint.dir elsewhere"
                                         : "";
 }
-
-}  // namespace
 
 PosixFile::PosixFile(std::string path, Mode mode) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), (mode == Mode::Read ? O_RDONLY : O_WRONLY) | O_CLOEXEC);

@@ -40,6 +40,9 @@ class PosixFile {
   int fd_ = -1;
 };
 
+/// " -- the disk is full; ..." for ENOSPC and EDQUOT, else "".
+const char* full_disk_hint(int err);
+
 /// Free bytes for an unprivileged writer on the file system holding `dir`;
 /// UINT64_MAX when it cannot be found out.
 uint64_t free_bytes(const std::string& dir);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/h5_util.h"
 #include "checkpoint/index.h"
 #include "checkpoint/io_pool.h"
 #include "runtime/dist/strategy.h"
@@ -44,6 +45,9 @@ namespace bt::ckpt {
 //     block is checked against its crc32 before any of it is used, so a
 //     partial read (a reshard) is as safe as a whole one.
 // Host memory stays bounded by the blocks in flight (IoPool's queue).
+
+/// File-access properties with HDF5 file locking off (Note [HDF5 file locking]).
+h5::Id unlocked_file_access();
 
 /// Elements per checksummed block (4 MiB of f32).
 inline constexpr int64_t kCrcBlock = int64_t{1} << 20;
@@ -84,7 +88,7 @@ class ShardReader {
   struct File;
   File& file(const std::string& name);
   void queue(const std::vector<Range>& ranges);
-  void read_legacy(const Range& r);  // format version 1: chunked, via HDF5
+  void read_legacy(const Range& r, const std::string& where);  // format version 1: chunked, via HDF5
   std::string dir_;
   std::map<std::string, std::unique_ptr<File>> files_;
   IoPool pool_;

@@ -26,9 +26,7 @@ ShardReader::File& ShardReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return *it->second;
   const std::string path = dir_ + "/" + name;
-  h5::Id fapl(BT_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
-  BT_H5_CHECK(H5Pset_file_locking(fapl, false, true));  // Note [HDF5 file locking]
-  h5::Id h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+  h5::Id h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, unlocked_file_access()), H5Fclose);
   BT_CHECK(h5.get() >= 0, "cannot open checkpoint file '", path, "': ", h5::error_stack(),
            " (missing, truncated or corrupt)");
   auto f = std::unique_ptr<File>(new File{std::move(h5), PosixFile(path, PosixFile::Mode::Read)});
@@ -79,7 +77,7 @@ void ShardReader::queue(const std::vector<Range>& ranges) {
                                         [&] { return locate(f.h5, p, where); });
     if (p.block == 0 || at == HADDR_UNDEF) {
       BT_CHECK(p.block == 0, where, " is not a contiguous dataset; the checkpoint is corrupt");
-      read_legacy(r);
+      read_legacy(r, where);
       continue;
     }
     // Whole blocks, each checked before use: straight into `out` when the
@@ -103,9 +101,8 @@ void ShardReader::queue(const std::vector<Range>& ranges) {
   }
 }
 
-void ShardReader::read_legacy(const Range& r) {
+void ShardReader::read_legacy(const Range& r, const std::string& where) {
   const SavedPiece& p = *r.piece;
-  const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
   h5::with_context(
       cat("cannot read ", where, " (corrupt: a checksum does not match, or the file is damaged)"), [&] {
         h5::Id dset(BT_H5_CHECK(H5Dopen2(file(p.file).h5, p.dataset.c_str(), H5P_DEFAULT)), H5Dclose);

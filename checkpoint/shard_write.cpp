@@ -1,5 +1,6 @@
 // write_shard_file (Note [Checkpoint data path]).
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 
@@ -30,6 +31,12 @@ uint32_t crc32_of(const float* data, int64_t n) {
   return static_cast<uint32_t>(crc);
 }
 
+h5::Id unlocked_file_access() {
+  h5::Id fapl(BT_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  BT_H5_CHECK(H5Pset_file_locking(fapl, false, true));
+  return fapl;
+}
+
 namespace {
 
 constexpr uint64_t kMetaPerPiece = 4096;  // HDF5 metadata bytes per dataset, generously
@@ -46,8 +53,7 @@ int64_t blocks_of(int64_t n) { return (n + kCrcBlock - 1) / kCrcBlock; }
 /// File-access properties for writing: no locking (Note [HDF5 file locking]),
 /// metadata gathered in blocks at the front, large datasets 4 KiB aligned.
 h5::Id write_access(size_t pieces) {
-  h5::Id fapl(BT_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
-  BT_H5_CHECK(H5Pset_file_locking(fapl, false, true));
+  h5::Id fapl = unlocked_file_access();
   BT_H5_CHECK(H5Pset_fapl_sec2(fapl));
   BT_H5_CHECK(H5Pset_meta_block_size(fapl, std::clamp<hsize_t>(pieces * kMetaPerPiece, 4096, 4 << 20)));
   BT_H5_CHECK(H5Pset_alignment(fapl, 64 << 10, 4096));
@@ -149,8 +155,8 @@ std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::stri
   // HDF5 must never fail a metadata write (Note [Checkpoint data path]).
   const uint64_t meta = (pieces.size() + 16) * kMetaPerPiece;
   const uint64_t room = free_bytes(std::filesystem::path(path).parent_path().string());
-  BT_CHECK(room >= meta, "cannot write checkpoint file '", path, "': ", room,
-           " bytes free -- the disk is full; free space or point checkpoint.dir elsewhere");
+  BT_CHECK(room >= meta, "cannot write checkpoint file '", path, "': ", room, " bytes free",
+           full_disk_hint(ENOSPC));
 
   struct Remove {  // the file goes unless the save succeeds (after HDF5 closed it)
     const std::string& path;

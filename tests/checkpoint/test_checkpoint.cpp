@@ -122,17 +122,20 @@ TEST(Checkpoint, LatestSkipsUnfinishedSavesAndRetentionKeepsLastAndEveryM) {
   EXPECT_EQ(test::read_file(root + "/latest"), "step_00000008\n");
 }
 
+/// XORs the byte at `at` of `file` with `mask`.
+void flip_byte(const std::string& file, std::streamoff at, char mask) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  char c = 0;
+  f.seekg(at);
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ mask);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
 /// Flips one byte in the middle of the largest piece's data.
 void flip_a_data_byte(const std::string& file) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(0, std::ios::end);
-  const std::streamoff size = f.tellg();
-  f.seekg(size / 2);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x10);
-  f.seekp(size / 2);
-  f.write(&c, 1);
+  flip_byte(file, static_cast<std::streamoff>(fs::file_size(file) / 2), 0x10);
 }
 
 TEST(Checkpoint, AFlippedByteIsCaughtByVerifyAndByLoads) {
@@ -201,15 +204,7 @@ TEST(Checkpoint, EachBlockChecksumGuardsThePartialReadsThatTouchIt) {
 
   const std::string file = d + "/rank_00000.h5";
   const uint64_t at = offset_of(file, "param/big/0", 2 * kCrcBlock + 12345);
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(static_cast<std::streamoff>(at));
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x01);
-    f.seekp(static_cast<std::streamoff>(at));
-    f.write(&c, 1);
-  }
+  flip_byte(file, static_cast<std::streamoff>(at), 0x01);
   Tensor into = zeros({n});
   load_pieces(d, read_index(d), {piece("param/big", into, 100, 2 * kCrcBlock)});  // blocks 0 and 1: sound
   const std::vector<float> got = values(into);
