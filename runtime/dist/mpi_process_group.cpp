@@ -42,13 +42,6 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
-void check_reducible(const char* op, DType t, ReduceOp r) {
-  const bool floating = t == DType::F32 || t == DType::F64;
-  BT_CHECK(floating || ((t == DType::I32 || t == DType::I64) && r == ReduceOp::Sum), op,
-           ": the MPI group reduces f32, f64 (sum, avg) and i32, i64 (sum), got ", t, " with ",
-           reduce_op_name(r));
-}
-
 int count_of(const char* op, int64_t n) {
   BT_CHECK(n <= INT_MAX, op, ": ", n, " elements is more than MPI's int count allows; split the buffer");
   return static_cast<int>(n);
@@ -187,22 +180,11 @@ std::vector<int64_t> MpiProcessGroup::arrivals() {
 
 std::string MpiProcessGroup::not_arrived(int64_t seq) {
   poll_presence();
-  std::string missing, last;
-  for (int p = 0; p < size_; ++p) {
-    if (peer_seq_[p] >= seq) continue;
-    missing += cat(missing.empty() ? "" : ", ", p);
-    last += cat(last.empty() ? "" : ", ", "rank ", p, " at #", peer_seq_[p]);
-  }
-  if (missing.empty())
-    return "ranks that did not arrive: none (every rank arrived; the transfer itself is stuck)";
-  return cat("ranks that did not arrive: ", missing, " (last collective reached: ", last, ")");
+  return ProcessGroup::not_arrived(peer_seq_, seq);
 }
 
 std::string MpiProcessGroup::timeout_message(const char* op, int64_t seq) {
-  return cat(describe(op, seq), " timed out after ", timeout().count() / 1000.0, " s on rank ", rank_, " of ",
-             size_, ": ", not_arrived(seq),
-             ". A rank has died, hangs, or skipped a collective; the job will be aborted (raise "
-             "dist.timeout_s if the ranks are only slow)");
+  return timeout_text(describe(op, seq), not_arrived(seq));
 }
 
 std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {

@@ -32,8 +32,34 @@ bool ProcessGroup::is_rank_slot(const Tensor& small, const Tensor& big) const {
              static_cast<const char*>(big.data_ptr()) + static_cast<size_t>(rank_) * small.nbytes();
 }
 
+void ProcessGroup::check_reducible(const char* op, DType t, ReduceOp r) const {
+  const bool floating = t == DType::F32 || t == DType::F64;
+  BT_CHECK(floating || ((t == DType::I32 || t == DType::I64) && r == ReduceOp::Sum), op, ": the ", backend(),
+           " process group reduces f32, f64 (sum, avg) and i32, i64 (sum), got ", t, " with ",
+           reduce_op_name(r));
+}
+
 std::string ProcessGroup::describe(const char* op, int64_t seq) const {
   return step_ > 0 ? cat(op, " #", seq, " (step ", step_, ")") : cat(op, " #", seq);
+}
+
+std::string ProcessGroup::not_arrived(const std::vector<int64_t>& reached, int64_t seq) {
+  std::string missing, last;
+  for (size_t p = 0; p < reached.size(); ++p) {
+    if (reached[p] < 0 || reached[p] >= seq) continue;
+    missing += cat(missing.empty() ? "" : ", ", p);
+    last += cat(last.empty() ? "" : ", ", "rank ", p, " at #", reached[p]);
+  }
+  if (missing.empty())
+    return "ranks that did not arrive: none (every rank arrived; the transfer itself is stuck)";
+  return cat("ranks that did not arrive: ", missing, " (last collective reached: ", last, ")");
+}
+
+std::string ProcessGroup::timeout_text(const std::string& what, const std::string& arrivals) const {
+  return cat(what, " timed out after ", timeout().count() / 1000.0, " s on rank ", rank_, " of ", size_, ": ",
+             arrivals,
+             ". A rank has died, hangs, or skipped a collective; the job will be aborted (raise "
+             "dist.timeout_s if the ranks are only slow)");
 }
 
 }  // namespace bt::dist

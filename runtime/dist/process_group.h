@@ -1,9 +1,11 @@
 // ProcessGroup: the collectives every distributed strategy is written against,
-// with two backends chosen by the tensors' device (MPI for CPU tensors, NCCL
-// for CUDA tensors; see mpi_process_group.h, nccl_process_group.h).
+// with backends chosen by the tensors' device and how the job started: for CPU
+// tensors MPI (mpirun, srun) or TCP (torchrun-style variables), for CUDA
+// tensors NCCL (see mpi_process_group.h, tcp_process_group.h,
+// nccl_process_group.h).
 //
 // Every operation is asynchronous and returns a Work; the synchronous forms
-// wait on it. Rules shared by both backends:
+// wait on it. Rules shared by the backends:
 //   - tensors are contiguous, on the group's device kind, and every rank passes
 //     the same dtype and numel (checked locally; a mismatch across ranks is the
 //     caller's bug and shows up as a timeout or garbage, as in MPI and NCCL);
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/common/error.h"
 #include "runtime/tensor/tensor.h"
@@ -52,7 +55,7 @@ class ProcessGroup {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  /// "mpi" or "nccl".
+  /// "mpi", "tcp" or "nccl".
   virtual std::string backend() const = 0;
 
   /// In place: t = op over ranks of t.
@@ -86,10 +89,17 @@ class ProcessGroup {
   /// Shape/dtype/device checks shared by the backends; `op` names the collective.
   void check_tensor(const char* op, const Tensor& t, bool cuda) const;
   void check_pair(const char* op, const Tensor& small, const Tensor& big, bool cuda) const;
+  /// The CPU backends reduce f32, f64 (sum, avg) and i32, i64 (sum); other dtypes are only moved.
+  void check_reducible(const char* op, DType t, ReduceOp r) const;
   /// True when `small` is exactly `big`'s slot of this rank (an in-place gather/scatter).
   bool is_rank_slot(const Tensor& small, const Tensor& big) const;
   /// "all_reduce #7 (step 3)": how errors name a collective.
   std::string describe(const char* op, int64_t seq) const;
+  /// "ranks that did not arrive: 3 (last collective reached: rank 3 at #56)" for
+  /// collective #seq, given the last collective each rank reached (< 0: unknown).
+  static std::string not_arrived(const std::vector<int64_t>& reached, int64_t seq);
+  /// The message of a CollectiveTimeout: `what` (describe()) timed out on this rank, then `arrivals`.
+  std::string timeout_text(const std::string& what, const std::string& arrivals) const;
 
   int rank_, size_;
   int64_t step_ = 0;

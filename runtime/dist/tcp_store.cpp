@@ -6,43 +6,20 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "kernels/common/error.h"
+#include "runtime/dist/tcp_socket.h"
 
 namespace bt::dist {
 namespace {
 
 enum Op : uint8_t { kSet = 1, kCheck = 2, kAdd = 3 };
 
-bool send_all(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool recv_all(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
+using net::recv_all;
+using net::send_all;
 
 bool send_str(int fd, const std::string& s) {
   const auto n = static_cast<uint32_t>(s.size());
@@ -64,61 +41,22 @@ TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::m
     : host_(host), port_(port), timeout_(timeout) {
   BT_CHECK(port >= 0 && port < 65536, "rendezvous: port ", port, " is not a TCP port (MASTER_PORT)");
   if (serve) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    BT_CHECK(listen_fd_ >= 0, "rendezvous: socket() failed: ", std::strerror(errno));
-    const int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_fd_, 256) != 0) {
-      const std::string why = std::strerror(errno);
-      ::close(listen_fd_);
-      BT_FAIL("rendezvous: rank 0 cannot listen on port ", port, " (MASTER_PORT): ", why,
-              "; pick a free port");
-    }
-    socklen_t len = sizeof a;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    std::string why;
+    listen_fd_ = net::listen_any(port, &port_, &why);
+    BT_CHECK(listen_fd_ >= 0, "rendezvous: rank 0 cannot listen on port ", port, " (MASTER_PORT): ", why,
+             "; pick a free port");
     BT_CHECK(::pipe2(wake_, O_CLOEXEC) == 0, "rendezvous: pipe() failed: ", std::strerror(errno));
     server_ = std::thread([this] { serve_loop(); });
   }
 
   // Connect, retrying while rank 0 may still be starting.
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  std::string last = "no attempt";
-  for (;;) {
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    const int g = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
-    if (g == 0) {
-      for (addrinfo* r = res; r && fd_ < 0; r = r->ai_next) {
-        const int fd = ::socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, r->ai_protocol);
-        if (fd < 0) continue;
-        if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0) {
-          fd_ = fd;
-        } else {
-          last = std::strerror(errno);
-          ::close(fd);
-        }
-      }
-      ::freeaddrinfo(res);
-    } else {
-      last = gai_strerror(g);
-    }
-    if (fd_ >= 0) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      shutdown();  // stop the server thread before throwing
-      BT_FAIL("rendezvous timeout: cannot reach ", host_, ":", port_, " (MASTER_ADDR:MASTER_PORT) within ",
-              seconds(timeout_), " (", last, "); check that rank 0 runs and the address is reachable");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::string last;
+  fd_ = net::connect_until(host_, port_, std::chrono::steady_clock::now() + timeout_, &last);
+  if (fd_ < 0) {
+    shutdown();  // stop the server thread before throwing
+    BT_FAIL("rendezvous timeout: cannot reach ", host_, ":", port_, " (MASTER_ADDR:MASTER_PORT) within ",
+            seconds(timeout_), " (", last, "); check that rank 0 runs and the address is reachable");
   }
-  const int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 TcpStore::~TcpStore() { shutdown(); }

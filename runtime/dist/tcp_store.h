@@ -37,6 +37,10 @@ class TcpStore {
   int64_t add(const std::string& key, int64_t delta);
   /// The port served or connected to.
   int port() const { return port_; }
+  /// The host connected to (MASTER_ADDR): where every rank reaches rank 0.
+  const std::string& host() const { return host_; }
+  /// How long get() and the connection wait.
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   std::string request(uint8_t op, const std::string& key, const std::string& value);

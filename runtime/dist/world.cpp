@@ -9,6 +9,7 @@
 #include "runtime/dist/checks.h"
 #include "runtime/dist/mpi_process_group.h"
 #include "runtime/dist/nccl_process_group.h"
+#include "runtime/dist/tcp_process_group.h"
 #include "runtime/dist/tcp_store.h"
 
 namespace bt::dist {
@@ -45,7 +46,10 @@ int env_int(const char* name, int lo, int hi) {
 /// Note [Rendezvous]: rank 0 serves a TcpStore on MASTER_ADDR:MASTER_PORT.
 /// Each rank claims its RANK (a second claim is an error) and posts its
 /// WORLD_SIZE; rank 0 checks that all agree and posts a verdict the others
-/// wait for, so a mismatch stops every rank with the same message.
+/// wait for, so a mismatch stops every rank with the same message. The store
+/// then carries what the process groups need to connect: the NCCL unique id,
+/// and where rank 0's TCP group listens (Note [TCP process group]). It stays
+/// up until finalize_world, after the groups are gone.
 void init_from_env() {
   const int size = env_int("WORLD_SIZE", 1, 1 << 20);
   const int rank = env_int("RANK", 0, size - 1);
@@ -141,10 +145,12 @@ const World& init_world() {
 const World& world() { return g_world; }
 
 std::shared_ptr<ProcessGroup> cpu_group() {
-  BT_CHECK(
-      g_world.mpi, "collectives on CPU tensors need MPI: start the job with `blutrain launch` or mpirun",
-      g_store ? " (a torchrun-style job shares CUDA tensors only, through NCCL: use train.device=cuda)" : "");
-  if (!g_cpu_group) g_cpu_group = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD);
+  if (!g_cpu_group && g_world.mpi) g_cpu_group = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD);
+  if (!g_cpu_group && g_store)  // Note [TCP process group] in tcp_process_group.cpp
+    g_cpu_group = std::make_shared<TcpProcessGroup>(*g_store, g_world.rank, g_world.size);
+  BT_CHECK(g_cpu_group,
+           "collectives on CPU tensors need a job of several ranks: start it with `blutrain launch`, mpirun "
+           "or torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
   return g_cpu_group;
 }
 
@@ -167,7 +173,7 @@ std::shared_ptr<ProcessGroup> device_group(const Device& d) {
 
 void finalize_world() {
   g_gpu_group.reset();
-  g_cpu_group.reset();
+  g_cpu_group.reset();  // a TCP group's connections close before the store they were found through
   if (g_store && g_world.size > 1) {
     // Rank 0 serves the store: it leaves only when every rank is done with it.
     g_store->add("finished", 1);
@@ -186,6 +192,8 @@ void finalize_world() {
 }
 
 void abort_world(int code) {
+  // Without MPI, exiting is enough: the process's sockets close, and the
+  // other ranks' TCP groups fail at once naming this rank (Note [TCP process group]).
   std::fflush(stdout);
   std::fflush(stderr);
   if (g_world.mpi) {

@@ -9,7 +9,8 @@
 //   2. torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 //      MASTER_PORT; Kubernetes): a TCP rendezvous served by rank 0 (Note
 //      [Rendezvous] in world.cpp; BT_RENDEZVOUS_TIMEOUT_S, default 300). Such
-//      a job shares CUDA tensors through NCCL; CPU collectives need MPI;
+//      a job shares CUDA tensors through NCCL and CPU tensors through a TCP
+//      star via rank 0 (Note [TCP process group] in tcp_process_group.cpp);
 //   3. neither: a world of one, and MPI is never initialized (unless the host
 //      program initialized it itself, as a singleton: then MPI is used).
 #pragma once
@@ -25,7 +26,7 @@ struct World {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;
   bool mpi = false;         // MPI was initialized by init_world()
-  std::string launched_by;  // "mpi" or "single"
+  std::string launched_by;  // "mpi", "env" (torchrun-style variables) or "single"
   bool distributed() const { return size > 1; }
 };
 
@@ -35,12 +36,13 @@ struct World {
 const World& init_world();
 /// The world init_world() found (a world of one before it runs).
 const World& world();
-/// The MPI group over every rank (created on first use). Requires an MPI world.
+/// The CPU group over every rank (created on first use): MPI when MPI started
+/// the job, TCP when torchrun-style variables did (needs one or the other).
 std::shared_ptr<ProcessGroup> cpu_group();
 /// The group for tensors on `d`: cpu_group() for the CPU, the NCCL group over
 /// every rank for a CUDA device (created on first use; needs BT_NCCL).
 std::shared_ptr<ProcessGroup> device_group(const Device& d);
-/// Destroys the groups and finalizes MPI (normal exit).
+/// Destroys the groups, then the rendezvous store, and finalizes MPI (normal exit).
 void finalize_world();
 /// Ends every rank of the job now with `code` (MPI_Abort when MPI is up):
 /// what a rank does after an error another rank may be waiting on.

@@ -17,6 +17,7 @@
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
+#include "tests/support/train_outputs.h"
 
 namespace bt {
 namespace {
@@ -24,38 +25,9 @@ namespace {
 using Result = test::CommandResult;
 Result run(const std::string& cmd) { return test::run_command(cmd); }
 
-std::vector<nlohmann::json> rows(const std::string& jsonl) {
-  std::vector<nlohmann::json> v;
-  std::ifstream f(jsonl);
-  for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
-  return v;
-}
-
-struct WeightDiff {
-  double all = 0;    // ||a - b|| / ||b|| over every parameter together
-  double worst = 0;  // the largest per-tensor ||a - b|| / ||b||
-  std::string where;
-};
-
-WeightDiff weight_diff(const WeightFile& x, const WeightFile& ref) {
-  WeightDiff d;
-  double num_all = 0, den_all = 0;
-  for (size_t k = 0; k < x.tensors.size(); ++k) {
-    const std::vector<float> a = x.tensors[k].second.to_vector<float>(),
-                             b = ref.tensors[k].second.to_vector<float>();
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-      den += double(b[i]) * b[i];
-    }
-    num_all += num;
-    den_all += den;
-    const double rel = std::sqrt(num / std::max(den, 1e-30));
-    if (rel > d.worst) d.worst = rel, d.where = x.tensors[k].first;
-  }
-  d.all = std::sqrt(num_all / den_all);
-  return d;
-}
+using test::jsonl_rows;
+using test::weight_diff;
+using test::WeightDiff;
 
 class TrainDist : public ::testing::Test {
  protected:
@@ -87,7 +59,7 @@ class TrainDist : public ::testing::Test {
 TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
   Result one = run(base_ + " --metrics " + file("one.jsonl") + " --save-weights " + file("one.h5"));
   ASSERT_EQ(one.status, 0) << one.out;
-  const std::vector<nlohmann::json> ref = rows(file("one.jsonl"));
+  const std::vector<nlohmann::json> ref = jsonl_rows(file("one.jsonl"));
   ASSERT_EQ(ref.size(), 20u);
   EXPECT_LT(ref.back().at("loss").get<double>(), ref.front().at("loss").get<double>() - 1.0)
       << "the run must learn for the comparison to mean something";
@@ -110,7 +82,7 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
       ASSERT_EQ(r.status, 0) << tag << "\n" << r.out;
       EXPECT_NE(r.out.find(std::to_string(np) + " ranks (mpi), dist.strategy " + strategy), std::string::npos)
           << r.out;
-      const std::vector<nlohmann::json> got = rows(file(tag + ".jsonl"));
+      const std::vector<nlohmann::json> got = jsonl_rows(file(tag + ".jsonl"));
       ASSERT_EQ(got.size(), ref.size()) << tag;
       double worst = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
@@ -118,7 +90,7 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
         worst = std::max(worst, std::fabs(a - b) / std::fabs(b));
       }
       EXPECT_LT(worst, 1e-6) << tag << ": per-step losses differ from one process";
-      const WeightDiff wd = weight_diff(load_weights(file(tag + ".h5")), wref);
+      const WeightDiff wd = weight_diff(load_weights(file(tag + ".h5")).tensors, wref.tensors);
       EXPECT_LT(wd.all, 1e-6) << tag << ": final weights differ";
       EXPECT_LT(wd.worst, 1e-3) << tag << ": final weights differ most in " << wd.where;
       // What rank 0 holds: its share of every flat layout (8 bytes of AdamW
