@@ -1,6 +1,8 @@
-# BluTrain image: build stage compiles `blutrain` with the same scripts/install-deps
-# and CMake configure as scripts/test (Release here); the runtime stage carries only
-# the binary, its shared libraries and configs/, and runs as the non-root user bt.
+# BluTrain image: the build stage installs with scripts/install-deps and compiles
+# `blutrain` with scripts/build (Release here): the same two scripts CI runs
+# through scripts/test. The runtime stage carries only the binary, its shared
+# libraries (scripts/install-deps --runtime, which adds the ssh that Kubeflow's
+# MPIJob launcher uses) and configs/, and runs as the non-root user bt (uid 1000).
 #
 #   docker build -t blutrain .
 #   docker run --rm --gpus all blutrain --help
@@ -19,12 +21,10 @@ ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 # Dependencies first, so that editing sources does not reinstall them.
 COPY scripts/install-deps scripts/install-deps
-RUN BT_SKIP_MLIR=1 BT_SKIP_NODE=1 scripts/install-deps \
+RUN BT_SKIP_MLIR=1 BT_SKIP_NODE=1 BT_SKIP_SLURM=1 scripts/install-deps \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-          -DBT_CUDA_ARCHITECTURES="${BT_CUDA_ARCHITECTURES}" \
- && cmake --build build --target blutrain -j"$(nproc)" \
+RUN BT_CUDA_ARCHITECTURES="${BT_CUDA_ARCHITECTURES}" scripts/build --release --target blutrain \
  && strip --strip-unneeded build/blutrain
 
 # ------------------------------------------------------------------ runtime
@@ -40,7 +40,10 @@ COPY configs/ /opt/blutrain/configs/
 RUN if ldd /usr/local/bin/blutrain | grep -v 'libcuda\.so' | grep 'not found'; then \
       echo "blutrain needs libraries that 'scripts/install-deps --runtime' does not install" >&2; exit 1; \
     fi \
- && useradd --create-home --shell /bin/bash bt
+ && (userdel --remove ubuntu 2>/dev/null || true) \
+ && useradd --uid 1000 --create-home --shell /bin/bash bt
+# bt is uid 1000 (ubuntu:24.04's own `ubuntu` user held it and is removed): the
+# Kubernetes manifests (blutrain k8s render, k8s/) run the pods as uid 1000.
 USER bt
 WORKDIR /home/bt
 ENTRYPOINT ["blutrain"]

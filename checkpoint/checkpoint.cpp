@@ -103,7 +103,8 @@ std::string dir_name(int64_t step) {
   return buf;
 }
 
-std::string prepare(const SaveRequest& r, int rank) {
+std::string prepare(const SaveRequest& r, dist::ProcessGroup* pg) {
+  const int rank = pg ? pg->rank() : 0;
   const std::string final_dir = (fs::path(r.root) / dir_name(r.step)).string();
   const std::string tmp_dir = final_dir + ".tmp";
   std::error_code ec;
@@ -111,15 +112,18 @@ std::string prepare(const SaveRequest& r, int rank) {
     fs::create_directories(r.root, ec);
     BT_CHECK(fs::is_directory(r.root, ec), "cannot create checkpoint directory '", r.root,
              "': ", ec.message());
-    for (const auto& e : fs::directory_iterator(r.root, ec))  // saves that died half-way
-      if (e.is_directory() && e.path().extension() == ".tmp" && e.path() != fs::path(tmp_dir))
-        fs::remove_all(e.path(), ec);
+    // Saves that died half-way, this step's included (a job restarted from
+    // an earlier checkpoint saves this step again). No rank writes yet.
+    for (const auto& e : fs::directory_iterator(r.root, ec))
+      if (e.is_directory() && e.path().extension() == ".tmp") fs::remove_all(e.path(), ec);
     BT_CHECK(!fs::exists(fs::path(final_dir) / "index.json", ec), "checkpoint '", final_dir,
              "' already exists; use another checkpoint.dir or remove it");
     fs::remove_all(final_dir, ec);  // an index-less leftover is not a checkpoint
+    fs::create_directories(tmp_dir, ec);
   }
-  fs::create_directories(tmp_dir, ec);
-  BT_CHECK(fs::is_directory(tmp_dir, ec), "cannot create '", tmp_dir, "': ", ec.message());
+  barrier(pg);  // the directory exists, empty, before anyone writes into it
+  BT_CHECK(fs::is_directory(tmp_dir, ec), "cannot create '", tmp_dir, "': ", ec.message(),
+           rank == 0 ? "" : " (rank 0 created it: is checkpoint.dir on a filesystem every rank shares?)");
   return tmp_dir;
 }
 
@@ -189,10 +193,8 @@ std::string commit(const SaveRequest& r, int world) {
 
 std::string save(const SaveRequest& r, dist::ProcessGroup* pg) {
   const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
-  if (rank == 0) prepare(r, 0);
-  barrier(pg);  // the directory exists before anyone writes into it
+  prepare(r, pg);
   try {
-    if (rank != 0) prepare(r, rank);
     write_rank(r, rank);
   } catch (...) {
     std::error_code ec;

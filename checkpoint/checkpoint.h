@@ -47,11 +47,13 @@ struct SaveRequest {
 std::string save(const SaveRequest& r, dist::ProcessGroup* pg);
 
 // The phases of save(), for savers that order them themselves (the
-// asynchronous writer, async_writer.h). None of them communicates.
-/// Step 1 on `rank`: rank 0 removes stale .tmp directories and an index-less
-/// leftover of this step; every rank creates ROOT/step_X.tmp/. Returns it.
-std::string prepare(const SaveRequest& r, int rank);
-/// Step 2: this rank's HDF5 file and fragment, fsynced.
+// asynchronous writer, async_writer.h).
+/// Step 1, collective: rank 0 removes stale .tmp directories (this step's
+/// too: a save that died half-way, before a restart) and an index-less
+/// leftover of this step, and creates ROOT/step_X.tmp/; then, after a
+/// barrier, the other ranks see it. Returns it.
+std::string prepare(const SaveRequest& r, dist::ProcessGroup* pg);
+/// Step 2: this rank's HDF5 file and fragment, fsynced. Does not communicate.
 void write_rank(const SaveRequest& r, int rank);
 /// Step 3, rank 0, once every rank's step 2 is done: index, rename, `latest`,
 /// retention. Returns the checkpoint directory.

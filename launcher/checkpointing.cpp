@@ -144,7 +144,7 @@ std::string Checkpointer::save() {
   } else {
     for (dist::StatePiece& p : r.pieces) p.data = p.data.clone();
   }
-  ckpt::prepare(r, tr_.rank());
+  ckpt::prepare(r, tr_.process_group());
   const int64_t step = r.step;
   writer_.start(std::move(r), tr_.rank(), std::move(before));
   started_ = t1;

@@ -14,5 +14,7 @@ int run_sample(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_launch(int argc, char** argv);
 int run_ckpt(int argc, char** argv);
+int run_slurm(int argc, char** argv);
+int run_k8s(int argc, char** argv);
 
 }  // namespace bt::launcher

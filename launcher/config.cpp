@@ -7,6 +7,7 @@
 #include <sstream>
 #include <variant>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -66,6 +67,7 @@ const std::vector<Key>& keys() {
       BT_KEY("train.sample_temperature", train.sample_temperature, "sampling temperature"),
       BT_KEY("train.sample_top_k", train.sample_top_k, "sample from the k likeliest tokens (0: all)"),
       BT_KEY("train.save_weights", train.save_weights, "HDF5 weights file written at the end"),
+      BT_KEY("train.metrics", train.metrics, "JSONL file of per-step metrics (a resumed run appends)"),
       BT_KEY("dist.strategy", dist.strategy, "ddp | zero1 | zero2 | zero3 (jobs of several ranks)"),
       BT_KEY("dist.bucket_mb", dist.bucket_mb, "DDP gradient bucket size in MiB"),
       BT_KEY("dist.timeout_s", dist.timeout_s, "seconds before a stuck collective aborts the job"),
@@ -155,11 +157,13 @@ void assign(TrainConfig& c, const Key& k, const YAML::Node& n, const std::string
 std::vector<std::pair<std::string, YAML::Node>> flatten(const YAML::Node& root, const std::string& where) {
   std::vector<std::pair<std::string, YAML::Node>> out;
   if (!root || root.IsNull()) return out;
-  BT_CHECK(root.IsMap(), where, " must be a YAML mapping of sections (model:, data:, train:, dist:)");
+  BT_CHECK(root.IsMap(), where,
+           " must be a YAML mapping of sections (model:, data:, train:, dist:, checkpoint:)");
   for (const auto& sec : root) {
     const std::string s = sec.first.as<std::string>();
-    BT_CHECK(s == "model" || s == "data" || s == "train" || s == "dist", "unknown config section '", s,
-             "' in ", where, "; the sections are model, data, train and dist");
+    BT_CHECK(s == "model" || s == "data" || s == "train" || s == "dist" || s == "checkpoint",
+             "unknown config section '", s, "' in ", where,
+             "; the sections are model, data, train, dist and checkpoint");
     if (sec.second.IsNull()) continue;
     BT_CHECK(sec.second.IsMap(), "config section '", s, "' in ", where, " must be a mapping of keys");
     for (const auto& kv : sec.second) out.emplace_back(s + "." + kv.first.as<std::string>(), kv.second);
@@ -252,6 +256,38 @@ std::string config_to_json(const train::TrainConfig& c0, int world) {
   j["train"]["grad_accum"] = c.grad_accum(world);
   j["train"]["world_size"] = world;
   return j.dump(2);
+}
+
+std::string config_to_yaml(const train::TrainConfig& c0) {
+  TrainConfig c = c0;
+  auto section_of = [](const Key& k) { return std::string(k.name).substr(0, std::string(k.name).find('.')); };
+  std::vector<std::string> sections;  // in the order the table first names them
+  for (const Key& k : keys())
+    if (std::find(sections.begin(), sections.end(), section_of(k)) == sections.end())
+      sections.push_back(section_of(k));
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const std::string& section : sections) {
+    out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    for (const Key& k : keys()) {
+      if (section_of(k) != section) continue;
+      out << YAML::Key << std::string(k.name).substr(section.size() + 1) << YAML::Value;
+      std::visit(
+          [&](auto* p) {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, std::string>)
+              out << YAML::DoubleQuoted << *p;
+            else if constexpr (std::is_same_v<T, double>)
+              out << fmt::format("{:.17g}", *p);  // reads back to the same double
+            else
+              out << *p;
+          },
+          k.get(c));
+    }
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
 }
 
 std::string config_keys_help() {

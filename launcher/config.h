@@ -21,6 +21,10 @@ train::TrainConfig load_train_config(const std::string& path, const std::vector<
 /// train.grad_accum), as read by bench/gpt2_ref.py.
 std::string config_to_json(const train::TrainConfig& c, int world = 1);
 
+/// The config as a YAML file that load_train_config reads back to the same
+/// values: every key spelled out (what the job renderers embed).
+std::string config_to_yaml(const train::TrainConfig& c);
+
 /// One line per key: name, type, default (for `blutrain train --help`).
 std::string config_keys_help();
 

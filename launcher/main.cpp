@@ -20,11 +20,12 @@ void usage() {
       "  bench     training throughput and memory vs the PyTorch reference, side by side\n"
       "  launch    start N ranks of a command through mpirun (launch --nproc N -- train ...)\n"
       "  ckpt      list, inspect, verify or export checkpoints (ckpt ls|inspect|verify|export)\n"
+      "  slurm     render or submit the sbatch script of a job spec (slurm render|submit JOBSPEC)\n"
+      "  k8s       render the Kubernetes manifests of a job spec (k8s render JOBSPEC)\n"
       "  demo      train a small character-level GPT on a text file and print a sample\n"
       "  info      show the build (CUDA, MPI, MLIR) and the devices found\n"
       "  version   print the version\n\n"
-      "Run `blutrain <command> --help` for a command's options.\n"
-      "(slurm and k8s arrive with later milestones)\n");
+      "Run `blutrain <command> --help` for a command's options.\n");
 }
 
 }  // namespace
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return bt::launcher::run_bench(argc - 1, argv + 1);
     if (cmd == "launch") return bt::launcher::run_launch(argc - 1, argv + 1);
     if (cmd == "ckpt") return bt::launcher::run_ckpt(argc - 1, argv + 1);
+    if (cmd == "slurm") return bt::launcher::run_slurm(argc - 1, argv + 1);
+    if (cmd == "k8s") return bt::launcher::run_k8s(argc - 1, argv + 1);
     if (cmd == "demo") return bt::launcher::run_demo(argc - 1, argv + 1);
     if (cmd == "info") return bt::launcher::run_info(argc - 1, argv + 1);
     if (cmd == "version" || cmd == "--version") {

@@ -110,9 +110,9 @@ void Progress::on_step(const train::StepStats& s) {
   }
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   if (path.empty()) return;
-  f_ = std::fopen(path.c_str(), "w");
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
   BT_CHECK(f_ != nullptr, "cannot create the metrics file '", path, "': ", std::strerror(errno),
            "; check that its folder exists and is writable");
 }

@@ -50,8 +50,9 @@ class Progress {
 /// Appends one JSON object per line to a file; every line is flushed.
 class MetricsWriter {
  public:
-  /// Empty path = disabled. Throws bt::Error naming the path if it cannot be created.
-  explicit MetricsWriter(const std::string& path);
+  /// Empty path = disabled; `append` keeps what the file holds (a resumed
+  /// run). Throws bt::Error naming the path if it cannot be opened.
+  explicit MetricsWriter(const std::string& path, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -16,10 +16,12 @@
 #include "launcher/checkpointing.h"
 #include "launcher/commands.h"
 #include "launcher/config.h"
+#include "launcher/heartbeat.h"
 #include "launcher/model_file.h"
 #include "launcher/progress.h"
 #include "launcher/rank_log.h"
 #include "launcher/sample_text.h"
+#include "launcher/stop_request.h"
 #include "runtime/bt.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
@@ -28,7 +30,7 @@ namespace bt::launcher {
 namespace {
 
 struct Options {
-  std::string config, metrics, save_init, init_weights, resolved;
+  std::string config, save_init, init_weights, resolved;
   std::vector<std::string> sets;
 };
 
@@ -39,10 +41,11 @@ Options parse(int argc, char** argv) {
       "on the jargon corpus, made by `scripts/quickstart`).");
   opts.add_options()("c,config", "YAML config file (see configs/)", cxxopts::value<std::string>())(
       "s,set", "override a key: section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())(
-      "metrics", "write one JSON object per step to this file", cxxopts::value<std::string>())(
-      "init-weights", "start from this weights file instead of the seeded init",
-      cxxopts::value<std::string>())("save-init", "write the initial weights to this file before step 1",
+      "metrics", "write one JSON object per step to this file (same as train.metrics)",
+      cxxopts::value<std::string>())("init-weights",
+                                     "start from this weights file instead of the seeded init",
                                      cxxopts::value<std::string>())(
+      "save-init", "write the initial weights to this file before step 1", cxxopts::value<std::string>())(
       "save-weights", "write the final weights to this file (same as train.save_weights)",
       cxxopts::value<std::string>())("resolved-config", "write the resolved config as JSON to this file",
                                      cxxopts::value<std::string>())("h,help",
@@ -65,11 +68,11 @@ Options parse(int argc, char** argv) {
     if (r.count(k)) dst = r[k].as<std::string>();
   };
   str("config", o.config);
-  str("metrics", o.metrics);
   str("init-weights", o.init_weights);
   str("save-init", o.save_init);
   str("resolved-config", o.resolved);
   if (r.count("set")) o.sets = r["set"].as<std::vector<std::string>>();
+  if (r.count("metrics")) o.sets.push_back("train.metrics=" + r["metrics"].as<std::string>());
   if (r.count("save-weights")) o.sets.push_back("train.save_weights=" + r["save-weights"].as<std::string>());
   return o;
 }
@@ -95,7 +98,6 @@ int run_train(int argc, char** argv) {
   train::TrainConfig cfg = cfg0;
   if (!lead) cfg.train.save_weights.clear();  // rank 0 writes the files
   if (lead && !o.resolved.empty()) write_text(o.resolved, config_to_json(cfg0, w.size) + "\n");
-  MetricsWriter metrics(lead ? o.metrics : std::string());
 
   // Initial weights go in before the strategy takes the parameters over.
   auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
@@ -139,16 +141,25 @@ int run_train(int argc, char** argv) {
   std::optional<double> peak = peak_flops(tr.device(), parse_precision(t.precision));
   if (peak) *peak *= w.size;
   Progress progress(t.steps, t.log_every, mc.flops_per_token(mc.seq_len), peak);
+  Heartbeat beat(w);  // for `blutrain launch`'s hang watchdog
+  beat.beat("resuming (train.resume=" + t.resume + ")");
   const std::string resumed = resume(tr);
   if (!resumed.empty()) std::printf("%s\n", resumed.c_str());
+  // A resumed run appends: the file then holds every step of the job.
+  MetricsWriter metrics(lead ? t.metrics : std::string(), tr.counters().step > 0);
   const nlohmann::json resolved_json = nlohmann::json::parse(config_to_json(cfg0, w.size));
   const int64_t last_step = t.stop_at_step > 0 ? std::min(t.stop_at_step, t.steps) : t.steps;
   const train::TrainerCounters start = tr.counters();
   std::unique_ptr<Checkpointer> checkpointer;
-  if (!cfg.checkpoint.dir.empty()) checkpointer = std::make_unique<Checkpointer>(tr, resolved_json);
+  if (!cfg.checkpoint.dir.empty()) {
+    checkpointer = std::make_unique<Checkpointer>(tr, resolved_json);
+    install_stop_handlers();  // Note [Stop requests]
+  }
   std::optional<double> last_val;
   double last_loss = 0;
-  for (int64_t i = start.step; i < last_step; ++i) {
+  int64_t stopped_at = 0;  // the step after which a stop request ended the run
+  for (int64_t i = start.step; i < last_step && stopped_at == 0; ++i) {
+    beat.beat(fmt::format("training step {} of {}", i + 1, t.steps));
     const train::StepStats s = tr.step();
     progress.on_step(s);
     last_loss = s.loss;
@@ -158,6 +169,7 @@ int run_train(int argc, char** argv) {
     const bool eval_now =
         tr.has_val() && ((t.eval_every > 0 && s.step % t.eval_every == 0) || s.step == t.steps);
     if (eval_now) {
+      beat.beat(fmt::format("evaluating after step {}", s.step));
       val = tr.evaluate();
       last_val = val;
       progress.print(fmt::format("step {}: val loss {:.4f} (uniform over the vocabulary: {:.2f})", s.step,
@@ -166,15 +178,29 @@ int run_train(int argc, char** argv) {
     metrics.write(s, val);
     const train::CheckpointOptions& ck = cfg.checkpoint;
     if (checkpointer) {
+      beat.beat(fmt::format("after step {}: checkpoint and stop-request checks", s.step));
       std::string line = checkpointer->poll();
-      if ((ck.every > 0 && s.step % ck.every == 0) || s.step == last_step)
+      const bool stop = stop_agreed(w);
+      if ((ck.every > 0 && s.step % ck.every == 0) || s.step == last_step || stop)
         line += (line.empty() ? "" : "\n") + checkpointer->save();
       if (!line.empty()) progress.print(line);
+      if (stop && s.step < last_step) stopped_at = s.step;
     }
   }
   if (checkpointer) {
     const std::string line = checkpointer->flush();
     if (!line.empty()) progress.print(line);
+  }
+  if (stopped_at > 0) {
+    std::printf(
+        "stopped after step %lld of %lld: %s asked the job to stop; the checkpoint of step %lld is in %s "
+        "(exit status %d: restart with train.resume=auto)\n",
+        static_cast<long long>(stopped_at), static_cast<long long>(t.steps), stop_signal_name().c_str(),
+        static_cast<long long>(stopped_at), cfg.checkpoint.dir.c_str(), kExitStopped);
+    std::fflush(stdout);
+    trainer.reset();
+    dist::finalize_world();
+    return kExitStopped;
   }
   if (last_step < t.steps) {
     std::printf("stopped after step %lld of %lld (train.stop_at_step)%s\n", static_cast<long long>(last_step),
@@ -182,6 +208,7 @@ int run_train(int argc, char** argv) {
                 cfg.checkpoint.dir.empty() ? "" : "; resume with train.resume=auto");
   }
 
+  beat.beat("finishing: final weights and sample");
   tr.finish_training();  // every rank: zero3 gathers the full parameters
   if (!t.save_weights.empty()) {
     save_model(t.save_weights, model);

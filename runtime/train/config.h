@@ -41,6 +41,7 @@ struct TrainOptions {
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;    // 0 = whole vocabulary
   std::string save_weights;     // HDF5 weights file written at the end; empty = none
+  std::string metrics;          // JSONL file, one object per step; a resumed run appends
   std::string resume = "none";  // none | auto (checkpoint.dir's latest) | a checkpoint directory
   int64_t stop_at_step = 0;     // end this run after this step (a checkpoint is saved); 0 = train.steps
 };

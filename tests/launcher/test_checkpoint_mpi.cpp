@@ -22,6 +22,7 @@
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
+#include "tests/support/train_outputs.h"
 
 namespace bt {
 namespace {
@@ -29,21 +30,11 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Result = test::CommandResult;
-
-std::vector<double> losses(const std::string& jsonl) {
-  std::vector<double> v;
-  std::ifstream f(jsonl);
-  for (std::string line; std::getline(f, line);)
-    v.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return v;
-}
+using test::losses;
 
 /// cpu (CI), or BT_TEST_DEVICE=cuda on the GPU machine (scripts/gpu-ckpt): the
 /// same jobs over NCCL, one GPU per rank (np 4 needs 4 GPUs).
-std::string device() {
-  const char* d = std::getenv("BT_TEST_DEVICE");
-  return d && *d ? d : "cpu";
-}
+std::string device() { return test::test_device(); }
 
 /// The most ranks a job may have: 4, or BT_TEST_MAX_RANKS (a GPU machine
 /// with fewer GPUs: NCCL takes one GPU per rank).
@@ -114,11 +105,9 @@ TEST_F(CheckpointJob, ResumeIsExact) {
     EXPECT_EQ(a[i], full[i]) << "step " << i + 1;
     EXPECT_EQ(b[i], full[20 + i]) << "step " << 21 + i << " after the resume";
   }
-  const WeightFile w = load_weights(file("b.h5")), want = load_weights(file("full.h5"));
-  ASSERT_EQ(w.tensors.size(), want.tensors.size());
-  for (size_t k = 0; k < w.tensors.size(); ++k)
-    EXPECT_EQ(w.tensors[k].second.to_vector<float>(), want.tensors[k].second.to_vector<float>())
-        << w.tensors[k].first;
+  const test::WeightDiff d =
+      test::weight_diff(load_weights(file("b.h5")).tensors, load_weights(file("full.h5")).tensors);
+  EXPECT_TRUE(d.identical) << "the weights differ, worst in " << d.where << " (" << d.worst << ")";
 }
 
 // Saved on 4 ranks with zero3, resumed on 2 with ddp and on 1; saved on 1,

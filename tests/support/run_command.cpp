@@ -18,6 +18,11 @@ CommandResult run_command(const std::string& cmd) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
+std::string test_device() {
+  const char* d = std::getenv("BT_TEST_DEVICE");
+  return d && *d ? d : "cpu";
+}
+
 void allow_mpirun_as_root() {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);

@@ -13,6 +13,10 @@ struct CommandResult {
 
 CommandResult run_command(const std::string& cmd);
 
+/// The device of test jobs: cpu (CI), or BT_TEST_DEVICE (cuda on the GPU
+/// machine: the same jobs over NCCL, one GPU per rank).
+std::string test_device();
+
 /// Lets mpirun run as root (containers and CI do).
 void allow_mpirun_as_root();
 /// The prefix that runs a command on `np` oversubscribed local ranks with one

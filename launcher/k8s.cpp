@@ -1,0 +1,63 @@
+// `blutrain k8s render JOBSPEC [--mode indexed|mpijob] [-o FILE]` prints (or
+// writes) the Kubernetes manifests of a job spec (launcher/k8s_manifests.h),
+// ready for `kubectl apply -f`. What they do on failure and preemption is in
+// k8s/README.md.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <cxxopts.hpp>
+
+#include "kernels/common/error.h"
+#include "launcher/commands.h"
+#include "launcher/jobspec.h"
+#include "launcher/k8s_manifests.h"
+
+namespace bt::launcher {
+
+int run_k8s(int argc, char** argv) {
+  cxxopts::Options opts(
+      "blutrain k8s",
+      "Run a job spec on Kubernetes.\n"
+      "  blutrain k8s render JOBSPEC [--mode indexed|mpijob] [-o FILE]\n"
+      "      print or write the manifests: a ConfigMap with the training config, a\n"
+      "      PersistentVolumeClaim for checkpoints (unless k8s.existing_claim), and\n"
+      "        indexed: a headless Service and an Indexed Job, one pod (and GPU) per rank\n"
+      "        mpijob:  a Kubeflow MPIJob (mpi-operator v2beta1), one worker pod per node\n"
+      "  Apply them with `blutrain k8s render spec.yaml | kubectl apply -f -`; see k8s/README.md.");
+  opts.add_options()("mode", "indexed or mpijob", cxxopts::value<std::string>()->default_value("indexed"))(
+      "o,output", "write the manifests here instead of printing them", cxxopts::value<std::string>())(
+      "h,help", "show this help")("positional", "", cxxopts::value<std::vector<std::string>>());
+  opts.parse_positional({"positional"});
+  opts.positional_help("render JOBSPEC");
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(argc, argv);
+  } catch (const std::exception& e) {
+    BT_FAIL(e.what(), " (see blutrain k8s --help)");
+  }
+  const std::vector<std::string> a =
+      r.count("positional") ? r["positional"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  if (r.count("help") || a.empty()) {
+    std::printf("%s\n", opts.help().c_str());
+    return a.empty() && !r.count("help") ? 2 : 0;
+  }
+  BT_CHECK(a[0] == "render", "blutrain k8s: unknown verb '", a[0], "'; use render (see blutrain k8s --help)");
+  BT_CHECK(a.size() == 2, "blutrain k8s render: expected one job spec, got ", a.size() - 1,
+           " argument(s) (see blutrain k8s --help)");
+  const K8sMode mode = parse_k8s_mode(r["mode"].as<std::string>(), "blutrain k8s render --mode");
+  const std::string text = render_k8s(load_job_spec(a[1]), mode);
+  if (!r.count("output")) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  const std::string out = r["output"].as<std::string>();
+  std::ofstream f(out);
+  BT_CHECK(f && (f << text) && f.flush(), "cannot write the manifests to '", out,
+           "'; check that its folder exists and is writable");
+  std::fprintf(stderr, "wrote %s (%s)\n", out.c_str(), r["mode"].as<std::string>().c_str());
+  return 0;
+}
+
+}  // namespace bt::launcher
