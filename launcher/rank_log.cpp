@@ -37,7 +37,12 @@ ssize_t tee_write(void* cookie, const char* buf, size_t n) {
 
 /// A stream writing to both `terminal` (duplicated) and `log_fd`, unbuffered.
 FILE* tee_stream(FILE* terminal, int log_fd) {
-  auto* t = new Tee{::dup(fileno(terminal)), log_fd};  // lives as long as the process
+  // The streams live as long as the process, and so do their cookies: static
+  // storage (stdout and stderr), not a heap object LeakSanitizer would report.
+  static Tee tees[8];  // two per open_rank_log(); a process calls it once
+  static int used = 0;
+  Tee* t = &tees[used++ % 8];
+  *t = Tee{::dup(fileno(terminal)), log_fd};
   cookie_io_functions_t io{};
   io.write = tee_write;
   FILE* f = fopencookie(t, "w", io);

@@ -142,10 +142,12 @@ TEST_F(SlurmJob, PreemptedJobRequeuesResumesAndMatchesAnUninterruptedRun) {
   submit(write_spec(/*max_restarts=*/2, /*pause_s=*/8));
   preempt_during_step_10_save();
   // The script requeues the job. Slurm holds a requeued job for about two
-  // minutes (its BeginTime), so that what is left of the first run (its
-  // slurmstepd, which outlives the batch script by a few seconds) is gone
-  // before the next run starts. Once no slurmstepd of the job is left, the
-  // test lifts the hold.
+  // minutes (its BeginTime), so that what is left of the first run is gone
+  // before the next starts: its slurmstepd, which outlives the batch script
+  // by a few seconds, and the revocation of its credential, which slurmd
+  // checks at one-second resolution (a new run allocated in the same second
+  // is refused). Once no slurmstepd of the job is left, the test shortens
+  // the hold to 5 seconds.
   ASSERT_TRUE(wait_for(
       [&] {
         return field("Restarts") == "1" && field("JobState") == "PENDING" && field("Reason") == "BeginTime" &&
@@ -154,7 +156,7 @@ TEST_F(SlurmJob, PreemptedJobRequeuesResumesAndMatchesAnUninterruptedRun) {
       120s))
       << "the job was not requeued: state " << field("JobState") << ", restarts " << field("Restarts") << "\n"
       << test::read_file(file("job.out"));
-  r = run_command("scontrol update JobId=" + job_ + " StartTime=now");
+  r = run_command("scontrol update JobId=" + job_ + " StartTime=now+5");
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string state = final_state();
   const std::string out = test::read_file(file("job.out"));

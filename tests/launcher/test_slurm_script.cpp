@@ -152,8 +152,9 @@ TEST_F(SlurmScript, EveryMistakeInASpecIsNamed) {
   for (const Case& c : cases) {
     const std::string e = error_of(c.text);
     EXPECT_NE(e.find(c.want), std::string::npos) << "spec:\n" << c.text << "error: " << e;
-    if (c.want.find("does not exist") == std::string::npos)
+    if (c.want.find("does not exist") == std::string::npos) {
       EXPECT_NE(e.find(dir_.file("job.yaml")), std::string::npos) << "the error names the file: " << e;
+    }
   }
   try {
     load_job_spec(dir_.file("nope.yaml"));
