@@ -3,6 +3,8 @@
 // together, they train on CPU through the TCP process group and agree with the
 // same job under mpirun, and every way of getting the variables wrong ends
 // each rank with a message that names the problem.
+// Named *_mpi: one test compares with mpirun, so the file runs with the mpi
+// tests, where LeakSanitizer is off for Open MPI's own one-time allocations.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
