@@ -27,7 +27,6 @@ class Heartbeat {
 };
 
 struct RankStatus {
-  int rank = -1;
   long pid = 0;
   std::string host, what;
   double since = 0;  // unix seconds

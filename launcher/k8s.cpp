@@ -3,7 +3,6 @@
 // ready for `kubectl apply -f`. What they do on failure and preemption is in
 // k8s/README.md.
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "launcher/commands.h"
 #include "launcher/jobspec.h"
 #include "launcher/k8s_manifests.h"
+#include "launcher/text_file.h"
 
 namespace bt::launcher {
 
@@ -53,9 +53,7 @@ int run_k8s(int argc, char** argv) {
     return 0;
   }
   const std::string out = r["output"].as<std::string>();
-  std::ofstream f(out);
-  BT_CHECK(f && (f << text) && f.flush(), "cannot write the manifests to '", out,
-           "'; check that its folder exists and is writable");
+  write_text_file(out, text, "the manifests");
   std::fprintf(stderr, "wrote %s (%s)\n", out.c_str(), r["mode"].as<std::string>().c_str());
   return 0;
 }

@@ -5,7 +5,6 @@
 // described in slurm/README.md.
 #include <array>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include <cxxopts.hpp>
@@ -16,16 +15,13 @@
 #include "launcher/commands.h"
 #include "launcher/jobspec.h"
 #include "launcher/slurm_script.h"
+#include "launcher/text_file.h"
 
 namespace bt::launcher {
 namespace {
 
 void write_script(const std::string& path, const std::string& text) {
-  {
-    std::ofstream f(path);
-    BT_CHECK(f && (f << text) && f.flush(), "cannot write the sbatch script '", path,
-             "'; check that its folder exists and is writable");
-  }
+  write_text_file(path, text, "the sbatch script");
   ::chmod(path.c_str(), 0755);
 }
 

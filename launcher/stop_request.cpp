@@ -31,8 +31,6 @@ void install_stop_handlers() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-int stop_signal() { return g_signal.load(); }
-
 std::string stop_signal_name() {
   switch (g_signal.load()) {
     case SIGUSR1:

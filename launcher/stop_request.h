@@ -25,9 +25,6 @@ constexpr int kExitStopped = 75;
 /// Installs the SIGUSR1 and SIGTERM handlers (a job with checkpoint.dir).
 void install_stop_handlers();
 
-/// The signal that asked this process to stop (0: none yet).
-int stop_signal();
-
 /// "SIGUSR1", "SIGTERM", or "another rank's signal" when none reached this one.
 std::string stop_signal_name();
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -22,6 +21,7 @@
 #include "launcher/rank_log.h"
 #include "launcher/sample_text.h"
 #include "launcher/stop_request.h"
+#include "launcher/text_file.h"
 #include "runtime/bt.h"
 #include "runtime/dist/world.h"
 #include "runtime/train/trainer.h"
@@ -77,12 +77,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  BT_CHECK(f && (f << text) && f.flush(), "cannot write '", path,
-           "'; check that its folder exists and is writable");
-}
-
 }  // namespace
 
 int run_train(int argc, char** argv) {
@@ -97,7 +91,8 @@ int run_train(int argc, char** argv) {
     BT_FAIL("rank ", w.rank, ": cannot silence stdout");
   train::TrainConfig cfg = cfg0;
   if (!lead) cfg.train.save_weights.clear();  // rank 0 writes the files
-  if (lead && !o.resolved.empty()) write_text(o.resolved, config_to_json(cfg0, w.size) + "\n");
+  if (lead && !o.resolved.empty())
+    write_text_file(o.resolved, config_to_json(cfg0, w.size) + "\n", "the resolved config");
 
   // Initial weights go in before the strategy takes the parameters over.
   auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
