@@ -609,7 +609,8 @@ def cmd_bench(args):
     model.to(device)
     if args.dist == "ddp":
         opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, device)
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index],
+                                                          bucket_cap_mb=args.bucket_mb)
     elif args.dist == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         for block in model.h:
@@ -674,6 +675,14 @@ def cmd_bench(args):
     sync(device)
     if device.type == "cuda":
         times_ms = [e0.elapsed_time(e1) for e0, e1 in times_ms]
+    if args.profile:  # after the timed steps, so the figures above are unaffected
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(args.profile):
+                step(i)
+            sync(device)
+        print(f"torch.profiler, {args.profile} steps:\n" +
+              prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), file=sys.stderr)
     step_ms = float(np.mean(times_ms))
     out = {
         "system": ("pytorch-compile" if args.compile else "pytorch-eager") + (f"-{args.dist}" if args.dist else ""),
@@ -684,6 +693,7 @@ def cmd_bench(args):
         "seq": T,
         "steps": args.steps,
         "warmup": args.warmup,
+        "bucket_mb": args.bucket_mb if args.dist == "ddp" else None,
         "tokens_per_s": world * B * T * 1e3 / step_ms,  # all ranks
         "step_ms": step_ms,
         "step_ms_median": float(np.median(times_ms)),
@@ -972,7 +982,10 @@ def main(argv=None):
     be.add_argument("--compile", action="store_true", help="torch.compile forward + loss")
     be.add_argument("--dist", choices=("ddp", "fsdp2"),
                     help="under torchrun: data parallel over the ranks (tokens/s counts all; memory is rank 0's)")
+    be.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's gradient bucket size (PyTorch's default: 25)")
     be.add_argument("--json", action="store_true", help="print only one JSON line")
+    be.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="after timing, profile this many more steps and print the kernels' table to stderr")
     sub.add_parser("selftest", help="CPU checks of this reference (no data needed)")
     args = ap.parse_args(argv)
     try:

@@ -4,6 +4,7 @@
 
 #include "kernels/reduce.h"
 #include "kernels/scatter.h"
+#include "kernels/sum_squares.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/ops/dispatch.h"
@@ -161,5 +162,41 @@ Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
 }
 
 Tensor max(const Tensor& x) { return max(x.reshape({x.numel()}), 0, false); }
+
+Tensor sum_squares(const std::vector<Tensor>& xs) {
+  BT_CHECK(!xs.empty(), "sum_squares: no tensors given");
+  NoGradGuard ng;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    detail::check_defined("sum_squares", xs[i], "input");
+    detail::check_same_device("sum_squares", xs[0], xs[i]);
+    detail::check_dtype("sum_squares", xs[i], "input", {DType::F32, DType::F64, DType::BF16});
+  }
+  const Device dev = xs[0].device();
+  if (!dev.is_cuda()) {
+    Tensor total;
+    for (const Tensor& x : xs) {
+      const Tensor f = x.dtype() == DType::F32 ? x : x.to(DType::F32);
+      const Tensor sq = sum(mul(f, f));
+      total = total.defined() ? add(total, sq) : sq;
+    }
+    return total;
+  }
+  std::vector<Tensor> dense;  // keeps the contiguous copies (if any) alive until the kernel is queued
+  std::vector<kernels::SquaresInput> in;
+  for (const Tensor& x : xs) {
+    dense.push_back(x.contiguous());
+    in.push_back({dense.back().dtype(), dense.back().data_ptr(), dense.back().numel()});
+  }
+  Tensor out = empty({}, TensorOptions{DType::F32, dev});
+  detail::on_device(
+      dev, [] {}, BT_CUDA_LAMBDA({
+        const int n = static_cast<int>(in.size());
+        Tensor scratch =
+            empty({static_cast<int64_t>(kernels::cuda::sum_squares_scratch_floats(in.data(), n))},
+                  TensorOptions{DType::F32, dev});
+        kernels::cuda::sum_squares(in.data(), n, out.data<float>(), scratch.data<float>(), stream);
+      }));
+  return out;
+}
 
 }  // namespace bt

@@ -18,4 +18,10 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
 /// Maximum of all elements.
 Tensor max(const Tensor& x);
 
+/// The sum of the squares of every element of every tensor in `xs`, as one
+/// 0-d F32 tensor on their device; not differentiable. All on one device. On
+/// CUDA one fused, deterministic pass over F32/BF16 data (kernels/sum_squares.h);
+/// on CPU sum(mul(x, x)) per tensor (non-F32 cast to F32 first), added in order.
+Tensor sum_squares(const std::vector<Tensor>& xs);
+
 }  // namespace bt

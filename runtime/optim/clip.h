@@ -8,7 +8,8 @@
 namespace bt {
 
 /// The L2 norm of all gradients of `params` together (parameters without a
-/// gradient count as zero), accumulated in f32 on the device; one host sync.
+/// gradient count as zero), summed on the device by sum_squares
+/// (runtime/ops/reduce.h); one host sync.
 double global_grad_norm(const std::vector<Tensor>& params);
 
 /// The factor that scales gradients of norm `norm` down to `max_norm`:
