@@ -1,8 +1,8 @@
 // kernels/sum_squares.h on CUDA. Pass 1 launches one block of 256 threads per
 // chunk of kChunk elements; the inputs travel in the kernel's parameters, up
 // to kPerLaunch buffers per launch, with each buffer's first block, so a block
-// finds its buffer without a table in device memory (nothing is copied to the
-// GPU). Pass 2, one block, adds the chunk sums in chunk order in double.
+// finds its buffer without a table in device memory (no copy to the GPU
+// besides the launch's own). Pass 2, one block, adds the chunk sums in chunk order in double.
 #include <algorithm>
 #include <climits>
 
