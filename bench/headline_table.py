@@ -53,24 +53,22 @@ def blutrain(work, tag):
     if len(rows) < 30:
         return None
     return {"tps": statistics.median(r["tokens_per_s"] for r in rows[10:]),
-            "alloc": max(r["peak_mem_bytes"] for r in rows), "smi": smi_peak(f"{work}/{tag}.smi"),
-            "loss": rows[-1]["loss"]}
+            "alloc": max(r["peak_mem_bytes"] for r in rows), "smi": smi_peak(f"{work}/{tag}.smi")}
 
 
 def pytorch(work, tag):
     r = last_json(f"{work}/{tag}.out")
     if not r:
         return None
-    return {"tps": r["tokens_per_s"], "alloc": r["peak_mem_bytes"], "smi": smi_peak(f"{work}/{tag}.smi"),
-            "loss": r["final_loss"]}
+    return {"tps": r["tokens_per_s"], "alloc": r["peak_mem_bytes"], "smi": smi_peak(f"{work}/{tag}.smi")}
 
 
 def gib(b):
     return f"{b / 2**30:.2f} GiB" if b else "-"
 
 
-def ratio(a, b, fmt="{:.2f}x"):
-    return fmt.format(a / b) if a and b else "-"
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
 
 
 def table(work, n, precision):
@@ -92,8 +90,7 @@ def table(work, n, precision):
             out.append(f"| {system} | {mode} | {g} | FAILED | | | | | | |")
             continue
         eff = f"{r['tps'] / (g * one['tps']):.3f}" if one else "-"
-        cmp = ("-", "-", "-") if g == 1 or not ref else (
-            ratio(r["tps"], ref["tps"]), ratio(r["alloc"], ref["alloc"]), ratio(r["smi"], ref["smi"]))
+        cmp = ["-"] * 3 if g == 1 or not ref else [ratio(r[k], ref[k]) for k in ("tps", "alloc", "smi")]
         out.append(f"| {system} | {mode} | {g} | {r['tps'] / 1e3:.1f}K | {eff} | {gib(r['alloc'])} | {gib(r['smi'])} "
                    f"| {cmp[0]} | {cmp[1]} | {cmp[2]} |")
     return "\n".join(out) + "\n"
