@@ -238,6 +238,46 @@ std::string latest(const std::string& root) {
   return all.empty() ? std::string() : all.back();
 }
 
+std::string resolve(const std::string& path, std::string* chosen) {
+  if (chosen) chosen->clear();
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(path) / "index.json", ec)) return path;
+  BT_CHECK(fs::is_directory(path, ec), "'", path,
+           "' does not exist; give a checkpoint (ROOT/step_XXXXXXXX) or ",
+           "a checkpoint root (checkpoint.dir)");
+  const std::string dir = latest(path);
+  BT_CHECK(
+      !dir.empty(), "'", path, "' is not a checkpoint (it has no index.json) and holds no complete ",
+      "checkpoint (no step_XXXXXXXX/ with an index.json); give a checkpoint or the checkpoint.dir of a run ",
+      "that saved one");
+  if (chosen)
+    *chosen = cat(path, " is a checkpoint root: using its latest checkpoint, ", dir, " (step ",
+                  step_of(fs::path(dir).filename().string()), ")");
+  return dir;
+}
+
+std::string latest_pointer_problem(const std::string& root) {
+  const fs::path p = fs::path(root) / "latest";
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return "";
+  std::ifstream f(p);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string name = text;
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  std::string shown;  // printable, for the message
+  for (const char c : text) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+    shown += (c >= 32 && c < 127) ? std::string(1, c) : std::string(hex);
+  }
+  if (step_of(name) < 0)
+    return cat("'", p.string(), "' holds \"", shown,
+               "\", which is not a checkpoint name (step_XXXXXXXX): the file ", "is damaged");
+  if (!fs::is_regular_file(fs::path(root) / name / "index.json", ec))
+    return cat("'", p.string(), "' names ", name, ", which is not a complete checkpoint in ", root);
+  return "";
+}
+
 uint64_t bytes_on_disk(const std::string& dir) {
   uint64_t n = 0;
   std::error_code ec;

@@ -68,6 +68,17 @@ std::vector<std::string> list(const std::string& root);
 /// complete, else the newest complete one; "" when there is none.
 std::string latest(const std::string& root);
 
+/// A checkpoint a user named: `path` itself when it is one (it has an
+/// index.json), else, when `path` is a checkpoint root, its latest(); sets
+/// `chosen` to a line saying which one was taken in that case ("" when `path`
+/// is a checkpoint). Throws bt::Error naming `path` when it is neither.
+std::string resolve(const std::string& path, std::string* chosen = nullptr);
+
+/// What is wrong with ROOT/latest: "" when it is absent (no save committed
+/// yet, or an older layout) or names a complete checkpoint; otherwise why it
+/// does not (resume then falls back to the newest complete one).
+std::string latest_pointer_problem(const std::string& root);
+
 /// The bytes of the files in a checkpoint directory.
 uint64_t bytes_on_disk(const std::string& dir);
 

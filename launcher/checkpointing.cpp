@@ -178,14 +178,23 @@ std::string Checkpointer::finish(bool block) {
   }
 }
 
+std::string resume_target(const std::string& resume, std::string* chosen) {
+  try {
+    return ckpt::resolve(resume, chosen);
+  } catch (const Error& e) {
+    BT_FAIL("train.resume: ", e.what(), "; or set train.resume=auto (with checkpoint.dir) or none");
+  }
+}
+
 std::string resume(train::Trainer& tr) {
   const train::TrainConfig& cfg = tr.config();
   const std::string& how = cfg.train.resume;
   if (how == "none") return "";
-  if (how != "auto") {  // one named checkpoint: no fallback
-    std::string why;
-    if (!try_load(tr, how, why)) BT_FAIL("cannot resume from checkpoint '", how, "': ", why);
-    return cat("resumed from ", how, " (", why, ")");
+  if (how != "auto") {  // one named checkpoint (or a root's latest): no fallback
+    std::string chosen, why;
+    const std::string dir = resume_target(how, &chosen);
+    if (!try_load(tr, dir, why)) BT_FAIL("cannot resume from checkpoint '", dir, "': ", why);
+    return cat(chosen.empty() ? "" : chosen + "\n", "resumed from ", dir, " (", why, ")");
   }
   std::vector<std::string> all = ckpt::list(cfg.checkpoint.dir);
   if (all.empty()) return cat("no checkpoint in ", cfg.checkpoint.dir, " yet: starting from step 0");

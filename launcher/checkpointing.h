@@ -45,4 +45,9 @@ class Checkpointer {
 /// is an error. Returns what happened, for the log ("" when starting fresh).
 std::string resume(train::Trainer& tr);
 
+/// The checkpoint train.resume=PATH (not none or auto) loads: PATH, or its
+/// latest when PATH is a checkpoint root (`chosen` then says so). Throws
+/// bt::Error naming train.resume when PATH is neither.
+std::string resume_target(const std::string& resume, std::string* chosen = nullptr);
+
 }  // namespace bt::launcher

@@ -1,5 +1,7 @@
-// `blutrain ckpt ls ROOT | inspect DIR | verify DIR | export DIR OUT.h5 [--llmc OUT.bin]`:
+// `blutrain ckpt ls ROOT | inspect CKPT | verify [--all] CKPT | export CKPT OUT.h5 [--llmc OUT.bin]`:
 // looks at the checkpoints `blutrain train` writes (checkpoint/checkpoint.h).
+// CKPT is one checkpoint (ROOT/step_XXXXXXXX) or a root, which stands for its
+// latest (said on the first line); verify --all ROOT checks every one.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,8 +52,17 @@ int inspect(const std::string& dir) {
   return 0;
 }
 
-int verify(const std::string& dir) {
-  const std::vector<std::string> problems = ckpt::verify(dir);
+/// The checkpoint `path` names (itself, or a root's latest, said on stdout).
+std::string chosen(const std::string& path) {
+  std::string line;
+  const std::string dir = ckpt::resolve(path, &line);
+  if (!line.empty()) std::printf("%s\n", line.c_str());
+  return dir;
+}
+
+int verify(const std::string& dir, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> problems = ckpt::verify(dir);
+  problems.insert(problems.end(), extra.begin(), extra.end());
   if (problems.empty()) {
     const ckpt::Index idx = ckpt::read_index(dir);
     size_t pieces = 0;
@@ -63,6 +74,36 @@ int verify(const std::string& dir) {
   for (const std::string& p : problems) std::fprintf(stderr, "%s: %s\n", dir.c_str(), p.c_str());
   std::fprintf(stderr, "%s: %zu problem(s); do not resume from it\n", dir.c_str(), problems.size());
   return 1;
+}
+
+/// verify PATH: the checkpoint, or a root's latest, whose `latest` file must
+/// then be sound too (a damaged one would send a resume elsewhere).
+int verify_path(const std::string& path) {
+  std::error_code ec;
+  const bool root = !fs::is_regular_file(fs::path(path) / "index.json", ec);
+  const std::string dir = chosen(path);
+  std::vector<std::string> extra;
+  if (root) {
+    const std::string p = ckpt::latest_pointer_problem(path);
+    if (!p.empty()) extra.push_back(p);
+  }
+  return verify(dir, extra);
+}
+
+/// verify --all ROOT: every complete checkpoint, and `latest`.
+int verify_all(const std::string& root) {
+  const std::vector<std::string> all = ckpt::list(root);
+  BT_CHECK(!all.empty(), "verify --all: '", root,
+           "' holds no complete checkpoint (no step_XXXXXXXX/ with an ",
+           "index.json); give the checkpoint.dir of a run that saved one");
+  int bad = 0;
+  for (const std::string& d : all) bad += verify(d) != 0;
+  const std::string p = ckpt::latest_pointer_problem(root);
+  if (!p.empty()) std::fprintf(stderr, "%s: %s\n", root.c_str(), p.c_str());
+  const bool ok = bad == 0 && p.empty();
+  std::fprintf(ok ? stdout : stderr, "%s: %zu checkpoint(s), %d with problems%s\n", root.c_str(), all.size(),
+               bad, p.empty() ? "" : ", and a damaged `latest`");
+  return ok ? 0 : 1;
 }
 
 /// The GPT a checkpoint's resolved config describes, on the CPU, holding the
@@ -131,14 +172,17 @@ int run_ckpt(int argc, char** argv) {
   cxxopts::Options opts(
       "blutrain ckpt",
       "Checkpoints of `blutrain train` (checkpoint.dir):\n"
-      "  ls ROOT                      list the complete checkpoints, the latest marked\n"
-      "  inspect DIR                  step, ranks, strategy, counters and tensors of one\n"
-      "  verify DIR                   check the index is complete and every checksum matches\n"
-      "  export DIR OUT.h5 [--llmc F] the consolidated model weights (blutrain-weights HDF5,\n"
-      "                               as --save-weights writes; and llm.c's format)");
+      "  ls ROOT                       list the complete checkpoints, the latest marked\n"
+      "  inspect CKPT                  step, ranks, strategy, counters and tensors of one\n"
+      "  verify [--all] CKPT           check the index is complete and every checksum matches\n"
+      "                                (--all ROOT: every checkpoint under ROOT)\n"
+      "  export CKPT OUT.h5 [--llmc F] the consolidated model weights (blutrain-weights HDF5,\n"
+      "                                as --save-weights writes; and llm.c's format)\n"
+      "CKPT is a checkpoint (ROOT/step_XXXXXXXX) or a root (checkpoint.dir): a root stands for\n"
+      "its latest complete checkpoint, and the first line says which that is.");
   opts.add_options()("llmc", "also write llm.c's model file (magic 20240326) here",
-                     cxxopts::value<std::string>())("h,help", "show this help")(
-      "args", "", cxxopts::value<std::vector<std::string>>());
+                     cxxopts::value<std::string>())("all", "verify: every checkpoint under the root")(
+      "h,help", "show this help")("args", "", cxxopts::value<std::vector<std::string>>());
   opts.parse_positional({"args"});
   opts.positional_help("ls|inspect|verify|export PATH [OUT]");
   cxxopts::ParseResult r;
@@ -159,11 +203,13 @@ int run_ckpt(int argc, char** argv) {
            "blutrain ckpt: unknown verb '", verb, "'; use ls, inspect, verify or export");
   BT_CHECK(a.size() == want, "blutrain ckpt ", verb, ": expected ", want - 1, " path argument(s), got ",
            a.size() - 1, " (see blutrain ckpt --help)");
+  BT_CHECK(!r.count("all") || verb == "verify", "blutrain ckpt ", verb, ": --all is for verify only");
   if (verb == "ls") return ls(a[1]);
-  if (verb == "inspect") return inspect(a[1]);
-  if (verb == "verify") return verify(a[1]);
-  const ckpt::Index idx = ckpt::read_index(a[1]);
-  const std::unique_ptr<nn::Gpt> model = model_of(a[1], idx);
+  if (verb == "inspect") return inspect(chosen(a[1]));
+  if (verb == "verify") return r.count("all") ? verify_all(a[1]) : verify_path(a[1]);
+  const std::string dir = chosen(a[1]);
+  const ckpt::Index idx = ckpt::read_index(dir);
+  const std::unique_ptr<nn::Gpt> model = model_of(dir, idx);
   save_model(a[2], *model);
   std::printf("wrote %s (step %lld)\n", a[2].c_str(), static_cast<long long>(idx.step));
   if (r.count("llmc")) {

@@ -46,7 +46,8 @@ const std::vector<Key>& keys() {
       BT_KEY("data.tokenizer", data.tokenizer, "folder with encoder.json and vocab.bpe (for samples)"),
       BT_KEY("train.steps", train.steps, "optimizer steps"),
       BT_KEY("train.batch_size", train.batch_size, "global sequences per optimizer step"),
-      BT_KEY("train.micro_batch", train.micro_batch, "sequences per forward pass per rank"),
+      BT_KEY("train.micro_batch", train.micro_batch,
+             "most sequences per forward pass per rank (less when it does not split train.batch_size)"),
       BT_KEY("train.lr", train.lr, "peak learning rate"),
       BT_KEY("train.min_lr", train.min_lr, "floor of the cosine decay"),
       BT_KEY("train.warmup_steps", train.warmup_steps, "linear warmup steps"),
@@ -71,7 +72,8 @@ const std::vector<Key>& keys() {
       BT_KEY("dist.strategy", dist.strategy, "ddp | zero1 | zero2 | zero3 (jobs of several ranks)"),
       BT_KEY("dist.bucket_mb", dist.bucket_mb, "DDP gradient bucket size in MiB"),
       BT_KEY("dist.timeout_s", dist.timeout_s, "seconds before a stuck collective aborts the job"),
-      BT_KEY("train.resume", train.resume, "none | auto (latest in checkpoint.dir) | a checkpoint directory"),
+      BT_KEY("train.resume", train.resume,
+             "none | auto (latest in checkpoint.dir) | a checkpoint, or a root (its latest)"),
       BT_KEY("train.stop_at_step", train.stop_at_step, "end this run after this step (0: train.steps)"),
       BT_KEY("checkpoint.dir", checkpoint.dir, "where step_XXXXXXXX/ checkpoints go (empty: none)"),
       BT_KEY("checkpoint.every", checkpoint.every, "steps between checkpoints (0: at the end of the run)"),
@@ -253,6 +255,7 @@ std::string config_to_json(const train::TrainConfig& c0, int world) {
     std::visit([&](auto* p) { slot = *p; }, k.get(c));
   }
   j["model"]["padded_vocab"] = c.model.padded_vocab();
+  j["train"]["micro_batch"] = c.micro_batch_for(world);  // what the job runs (Note [Batch split])
   j["train"]["grad_accum"] = c.grad_accum(world);
   j["train"]["world_size"] = world;
   return j.dump(2);

@@ -47,7 +47,10 @@ int run_k8s(int argc, char** argv) {
   BT_CHECK(a.size() == 2, "blutrain k8s render: expected one job spec, got ", a.size() - 1,
            " argument(s) (see blutrain k8s --help)");
   const K8sMode mode = parse_k8s_mode(r["mode"].as<std::string>(), "blutrain k8s render --mode");
-  const std::string text = render_k8s(load_job_spec(a[1]), mode);
+  const JobSpec spec = load_job_spec(a[1]);
+  const std::string split = spec.train.batch_split_note(static_cast<int>(spec.world()));
+  if (!split.empty()) std::fprintf(stderr, "blutrain k8s: %s: note: %s\n", a[1].c_str(), split.c_str());
+  const std::string text = render_k8s(spec, mode);
   if (!r.count("output")) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     return 0;

@@ -362,8 +362,10 @@ int run_launch(int argc, char** argv) {
   for (int attempt = 0;; ++attempt) {
     std::string shown;
     for (const std::string& a : args) shown += (shown.empty() ? "" : " ") + a;
-    std::fprintf(stderr, "blutrain launch: %d rank%s, logs in %s/rank-*.log\n  %s\n", o.nproc,
-                 o.nproc == 1 ? "" : "s", o.log_dir.c_str(), shown.c_str());
+    std::fprintf(stderr, "blutrain launch: %d rank%s, logs in %s/rank-*.log%s\n  %s\n", o.nproc,
+                 o.nproc == 1 ? "" : "s", o.log_dir.c_str(),
+                 r.count("log-dir") ? "" : " (the default, ./logs: --log-dir puts them elsewhere)",
+                 shown.c_str());
     std::fflush(stderr);
     const Outcome out = run_once(args, o);
     const std::string cause = cause_of(out);

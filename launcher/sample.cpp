@@ -44,8 +44,9 @@ int run_sample(int argc, char** argv) {
   BT_CHECK(top_k >= 0, "blutrain sample: --top-k must be >= 0, got ", top_k);
   const Device d = train::resolve_device(r["device"].as<std::string>());
   const auto model = load_model(r["weights"].as<std::string>(), d);
-  print_sample(*model, r["tokenizer"].as<std::string>(), r["prompt"].as<std::string>(), n, temp, top_k,
-               r["seed"].as<uint64_t>());
+  const SamplePrompt p = prepare_sample(r["tokenizer"].as<std::string>(), r["prompt"].as<std::string>(),
+                                        model->config().vocab_size);
+  print_sample(*model, p, n, temp, top_k, r["seed"].as<uint64_t>());
   return 0;
 }
 

@@ -67,6 +67,8 @@ int run_slurm(int argc, char** argv) {
   BT_CHECK(pos.size() == 2 && (pos[0] == "render" || pos[0] == "submit"),
            "usage: blutrain slurm render|submit JOBSPEC (see blutrain slurm --help)");
   const JobSpec spec = load_job_spec(pos[1]);
+  const std::string split = spec.train.batch_split_note(static_cast<int>(spec.world()));
+  if (!split.empty()) std::fprintf(stderr, "blutrain slurm: %s: note: %s\n", pos[1].c_str(), split.c_str());
   const std::string text = render_sbatch(spec);
   if (pos[0] == "render") {
     if (r.count("output")) {

@@ -17,6 +17,7 @@
 #include "launcher/config.h"
 #include "launcher/heartbeat.h"
 #include "launcher/model_file.h"
+#include "launcher/preflight.h"
 #include "launcher/progress.h"
 #include "launcher/rank_log.h"
 #include "launcher/sample_text.h"
@@ -94,6 +95,23 @@ int run_train(int argc, char** argv) {
   if (lead && !o.resolved.empty())
     write_text_file(o.resolved, config_to_json(cfg0, w.size) + "\n", "the resolved config");
 
+  // Note [Fail fast]: every input the run needs later, checked now.
+  check_run_inputs(cfg);
+  std::optional<SamplePrompt> sample;
+  if (lead) {
+    check_writable_target(cfg.train.save_weights, "train.save_weights (--save-weights)");
+    check_writable_target(o.save_init, "--save-init");
+    if (cfg.train.sample_tokens > 0) {
+      try {
+        sample = prepare_sample(cfg.data.tokenizer, cfg.train.sample_prompt, cfg.model.vocab_size);
+      } catch (const Error& e) {
+        BT_FAIL("the sample after training (train.sample_tokens=", cfg.train.sample_tokens,
+                ") needs data.tokenizer '", cfg.data.tokenizer, "': ", e.what(),
+                "; or set train.sample_tokens=0 to train without a sample");
+      }
+    }
+  }
+
   // Initial weights go in before the strategy takes the parameters over.
   auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
     if (!o.init_weights.empty()) load_model_into(o.init_weights, m);
@@ -101,6 +119,7 @@ int run_train(int argc, char** argv) {
   });
   train::Trainer& tr = *trainer;
   nn::Gpt& model = tr.model();
+  cfg = tr.config();  // the micro-batch this rank count runs (Note [Batch split])
 
   const nn::GptConfig& mc = cfg.model;
   const train::TrainOptions& t = cfg.train;
@@ -123,6 +142,8 @@ int run_train(int argc, char** argv) {
     std::printf("  %d ranks (%s), dist.strategy %s: each rank runs %lld micro-batches of %lld per step\n",
                 w.size, w.launched_by.c_str(), cfg.dist.strategy.c_str(),
                 static_cast<long long>(tr.grad_accum()), static_cast<long long>(t.micro_batch));
+  const std::string split = cfg0.batch_split_note(w.size);
+  if (!split.empty()) std::printf("  note: %s\n", split.c_str());
   std::printf(
       "  %lld steps of %lld sequences (%lld micro-batches of %lld) = %lld tokens/step, lr %.2e -> %.2e, "
       "warmup %lld\n",
@@ -214,9 +235,14 @@ int run_train(int argc, char** argv) {
               progress.mean_tokens_per_s(), last_loss,
               last_val ? fmt::format(", val loss {:.4f}", *last_val).c_str() : "",
               human_bytes(train::peak_memory_bytes(tr.device())).c_str());
-  if (lead && t.sample_tokens > 0)
-    print_sample(model, cfg.data.tokenizer, t.sample_prompt, t.sample_tokens, t.sample_temperature,
-                 t.sample_top_k, t.seed);
+  if (sample) {
+    // The run has finished: a sample that fails now is reported, not the run.
+    try {
+      print_sample(model, *sample, t.sample_tokens, t.sample_temperature, t.sample_top_k, t.seed);
+    } catch (const std::exception& e) {
+      std::printf("no sample: %s (the run itself finished)\n", e.what());
+    }
+  }
   if (!lead)
     std::fprintf(stderr, "rank %d: done, %lld steps, train loss %.4f\n", w.rank,
                  static_cast<long long>(t.steps), last_loss);

@@ -1,17 +1,50 @@
 #include "runtime/train/config.h"
 
+#include <algorithm>
+
 #include "kernels/common/error.h"
 #include "runtime/core/device.h"
 #include "runtime/core/precision.h"
 
 namespace bt::train {
 
+// Note [Batch split]: a step of train.batch_size sequences is split evenly
+// over the ranks, and each rank's share into A micro-batches of m sequences:
+// batch_size = A x m x ranks. train.micro_batch is the most a rank runs at
+// once (a memory bound), not a demand: when it does not fit the rank count
+// (the default 8 over 4 ranks would need 32 per step), the job runs the
+// largest m below it that does, and the run's header says so. The step, and
+// so the loss curve, is the same for every split (up to summation order).
+// Only a batch that the ranks cannot share evenly (not a multiple of the rank
+// count, e.g. smaller than it) has no split.
+int64_t TrainConfig::micro_batch_for(int world) const {
+  BT_CHECK(world >= 1, "the rank count must be >= 1, got ", world);
+  BT_CHECK(train.batch_size > 0 && train.micro_batch > 0, "train.batch_size (", train.batch_size,
+           ") and train.micro_batch (", train.micro_batch, ") must be > 0");
+  if (train.batch_size % world != 0) {
+    const int64_t below = train.batch_size / world * world, above = below + world;
+    BT_FAIL("train.batch_size (", train.batch_size, ") cannot be split over ", world,
+            " ranks: every rank takes the same whole number of sequences per step, so the batch must be a "
+            "multiple of the rank count; set train.batch_size to ",
+            below > 0 ? cat(below, " or ", above) : cat(above), ", or run a rank count that divides ",
+            train.batch_size);
+  }
+  const int64_t per_rank = train.batch_size / world;
+  int64_t m = std::min(train.micro_batch, per_rank);
+  while (per_rank % m != 0) --m;
+  return m;
+}
+
 int64_t TrainConfig::grad_accum(int world) const {
-  const int64_t per_step = train.micro_batch * world;
-  BT_CHECK(train.batch_size % per_step == 0, "train.batch_size (", train.batch_size,
-           ") must be a multiple of train.micro_batch (", train.micro_batch, ") x ranks (", world,
-           ") = ", per_step, "; the step is split into micro-batches of that many sequences");
-  return train.batch_size / per_step;
+  return train.batch_size / (micro_batch_for(world) * world);
+}
+
+std::string TrainConfig::batch_split_note(int world) const {
+  const int64_t m = micro_batch_for(world);
+  if (m == train.micro_batch) return "";
+  return cat("train.micro_batch ", train.micro_batch, " does not split train.batch_size ", train.batch_size,
+             world > 1 ? cat(" over ", world, " ranks") : std::string(), ": running micro-batches of ", m,
+             " (the largest that does), ", grad_accum(world), " per rank per step");
 }
 
 void TrainConfig::validate(int world) const {

@@ -20,7 +20,7 @@ struct DataConfig {
 struct TrainOptions {
   int64_t steps = 300;
   int64_t batch_size = 16;   // global sequences per optimizer step
-  int64_t micro_batch = 16;  // sequences per forward pass on one rank
+  int64_t micro_batch = 16;  // sequences per forward pass on one rank, at most (Note [Batch split])
   double lr = 6e-4;
   double min_lr = 6e-5;
   int64_t warmup_steps = 10;
@@ -71,9 +71,16 @@ struct TrainConfig {
   DistOptions dist;
   CheckpointOptions checkpoint;
 
-  /// Micro-batches per optimizer step for `world` ranks. Throws a bt::Error
-  /// naming train.batch_size / train.micro_batch if they do not divide.
+  /// The micro-batch a job of `world` ranks runs: train.micro_batch when it
+  /// fits, else the largest that does (Note [Batch split]). Throws a bt::Error
+  /// naming train.batch_size and the rank count when no split exists.
+  int64_t micro_batch_for(int world = 1) const;
+  /// Micro-batches per rank per optimizer step for `world` ranks:
+  /// train.batch_size / (micro_batch_for(world) x world).
   int64_t grad_accum(int world = 1) const;
+  /// One line for a run's header when micro_batch_for(world) differs from
+  /// train.micro_batch (what was chosen, and why); "" when it does not.
+  std::string batch_split_note(int world = 1) const;
   /// Checks every field; errors name the key ("train.lr must be > 0, got -1").
   void validate(int world = 1) const;
 };

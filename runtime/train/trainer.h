@@ -70,6 +70,8 @@ class Trainer {
   bool has_val() const { return val_ != nullptr; }
 
   int64_t steps_done() const { return step_; }
+  /// The config this job runs: train.micro_batch is the one it runs for its
+  /// rank count (Note [Batch split] in runtime/train/config.cpp).
   const TrainConfig& config() const { return cfg_; }
   const Device& device() const { return device_; }
   nn::Gpt& model() { return *model_; }

@@ -198,6 +198,21 @@ TEST_F(CheckpointJob, ACorruptShardIsCaughtAndResumeFallsBack) {
   Result r = train(2, "zero1",
                    "--set checkpoint.dir=" + ck + " --set checkpoint.every=5 --set train.stop_at_step=10");
   ASSERT_EQ(r.status, 0) << r.out;
+  const std::string exe = BT_BLUTRAIN_EXE;
+  // The root stands for its latest checkpoint, and the commands say which.
+  const std::string chosen =
+      ck + " is a checkpoint root: using its latest checkpoint, " + ck + "/step_00000010 (step 10)";
+  for (const char* verb : {"verify", "inspect", "export"}) {
+    r = test::run_command(exe + " ckpt " + verb + " " + ck +
+                          (verb == std::string("export") ? " " + file("w.h5") : ""));
+    EXPECT_EQ(r.status, 0) << verb << ": " << r.out;
+    EXPECT_NE(r.out.find(chosen), std::string::npos) << verb << ": " << r.out;
+  }
+  EXPECT_NE(r.out.find("(step 10)"), std::string::npos) << r.out;
+  r = test::run_command(exe + " ckpt verify --all " + ck);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("2 checkpoint(s), 0 with problems"), std::string::npos) << r.out;
+
   const std::string bad = ck + "/step_00000010/rank_00001.h5";
   {
     std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
@@ -210,19 +225,34 @@ TEST_F(CheckpointJob, ACorruptShardIsCaughtAndResumeFallsBack) {
     f.seekp(mid);
     f.write(&c, 1);
   }
-  const std::string exe = BT_BLUTRAIN_EXE;
   r = test::run_command(exe + " ckpt verify " + ck + "/step_00000010");
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("rank_00001.h5"), std::string::npos) << r.out;
   r = test::run_command(exe + " ckpt verify " + ck + "/step_00000005");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("ok"), std::string::npos) << r.out;
+  r = test::run_command(exe + " ckpt verify " + ck);  // the root: its latest is the damaged one
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(chosen), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank_00001.h5"), std::string::npos) << r.out;
+  r = test::run_command(exe + " ckpt verify --all " + ck);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("2 checkpoint(s), 1 with problems"), std::string::npos) << r.out;
 
   r = train(2, "zero1",
             "--set checkpoint.dir=" + ck + " --set train.resume=auto --set train.stop_at_step=12");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("checkpoint " + ck + "/step_00000010 is unusable"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("resumed from " + ck + "/step_00000005"), std::string::npos) << r.out;
+
+  // A damaged `latest` file fails verify of the root, naming it.
+  std::ofstream(ck + "/latest", std::ios::trunc) << "step_0000\x01"
+                                                    "012\n";
+  r = test::run_command(exe + " ckpt verify " + ck);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(ck + "/latest' holds \"step_0000\\x01012\\x0a\", which is not a checkpoint name"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(CheckpointJob, ACheckpointOfAnotherModelIsRefusedByTensor) {

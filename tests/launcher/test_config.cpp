@@ -19,8 +19,8 @@ class ConfigTest : public ::testing::Test {
     std::ofstream(p) << text;
     return p;
   }
-  std::string error_of(const std::string& path, const std::vector<std::string>& sets = {}) {
-    return test::error_message([&] { load_train_config(path, sets); });
+  std::string error_of(const std::string& path, const std::vector<std::string>& sets = {}, int world = 1) {
+    return test::error_message([&] { load_train_config(path, sets, world); });
   }
   test::TempDir dir_{"bt_config"};
   int n_ = 0;
@@ -83,9 +83,19 @@ TEST_F(ConfigTest, WrongTypesAreNamed) {
 }
 
 TEST_F(ConfigTest, ImpossibleValuesAreNamed) {
-  std::string e = error_of("", {"train.batch_size=10", "train.micro_batch=4"});
-  EXPECT_NE(e.find("train.batch_size (10) must be a multiple of train.micro_batch (4)"), std::string::npos)
-      << e;
+  std::string e = error_of("", {"train.batch_size=0"});
+  EXPECT_NE(e.find("train.batch_size must be > 0"), std::string::npos) << e;
+  // Note [Batch split]: a micro-batch that does not fit is lowered, and the
+  // resolved config says what the job runs for its rank count.
+  const train::TrainConfig c = load_train_config("", {"train.batch_size=10", "train.micro_batch=4"});
+  EXPECT_EQ(c.train.micro_batch, 4);
+  const nlohmann::json j = nlohmann::json::parse(config_to_json(c, 1));
+  EXPECT_EQ(j["train"]["micro_batch"], 2);
+  EXPECT_EQ(j["train"]["grad_accum"], 5);
+  EXPECT_EQ(nlohmann::json::parse(config_to_json(c, 5))["train"]["micro_batch"], 2);
+  EXPECT_EQ(nlohmann::json::parse(config_to_json(c, 2))["train"]["micro_batch"], 1);
+  e = error_of("", {"train.batch_size=10", "train.micro_batch=4"}, 4);
+  EXPECT_NE(e.find("train.batch_size (10) cannot be split over 4 ranks"), std::string::npos) << e;
   e = error_of("", {"model.preset=gpt9"});
   EXPECT_NE(e.find("unknown preset 'gpt9'"), std::string::npos) << e;
   e = error_of("", {"model.n_head=5"});

@@ -144,7 +144,7 @@ TEST_F(SlurmScript, EveryMistakeInASpecIsNamed) {
       {ok + "slurm: {launcher: ssh}\n", "'slurm.launcher' in job spec"},
       {ok + "env: {BAD-NAME: 1}\n", "'BAD-NAME' is not a variable name"},
       {ok + "set: [train.batch_size=7, train.micro_batch=2]\nranks_per_node: 2\n",
-       "its training config does not hold for 2 rank(s)"},
+       "its training config does not hold for 2 rank(s): train.batch_size (7) cannot be split over 2 ranks"},
       {ok + "config: missing.yaml\n", "missing.yaml' does not exist"},
       {ok + "gpus_per_node: 1\nset: [train.device=cpu]\n", "'gpus_per_node' in job spec"},
       {"- a list\n", "must be a YAML mapping"},
@@ -162,6 +162,30 @@ TEST_F(SlurmScript, EveryMistakeInASpecIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("nope.yaml' does not exist"), std::string::npos) << e.what();
   }
+}
+
+// Note [Batch split]: the job's rank count picks the micro-batch when the
+// spec is rendered, and says so; a batch the ranks cannot share fails there.
+TEST_F(SlurmScript, TheBatchSplitIsChosenAtRenderTime) {
+  const std::string exe = BT_BLUTRAIN_EXE;
+  const std::string fits = spec(
+      "name: j\nnodes: 1\nranks_per_node: 4\ncheckpoint_dir: /ck\n"
+      "set: [train.batch_size=8, train.micro_batch=8]\n");
+  EXPECT_EQ(load_job_spec(fits).train.micro_batch_for(4), 2);
+  test::CommandResult r = test::run_command(exe + " slurm render " + fits + " -o " + dir_.file("a.sbatch"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("note: train.micro_batch 8 does not split train.batch_size 8 over 4 ranks: running "
+                       "micro-batches of 2"),
+            std::string::npos)
+      << r.out;
+  const std::string no_split = spec(
+      "name: j\nnodes: 1\nranks_per_node: 3\ncheckpoint_dir: /ck\nset: [train.batch_size=8]\n", "b.yaml");
+  r = test::run_command(exe + " slurm render " + no_split);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("train.batch_size (8) cannot be split over 3 ranks"), std::string::npos) << r.out;
+  r = test::run_command(exe + " k8s render " + no_split);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("train.batch_size (8) cannot be split over 3 ranks"), std::string::npos) << r.out;
 }
 
 TEST_F(SlurmScript, TheCommandRendersAndRefusesBadUsage) {

@@ -107,7 +107,6 @@ TEST_F(TrainCli, BadInputEndsInAClearError) {
     EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
   };
   expect_error(base_ + " --set train.lr_peak=1", "unknown config key 'train.lr_peak'");
-  expect_error(base_ + " --set train.micro_batch=3", "train.batch_size (8) must be a multiple");
   expect_error(base_ + " --set 'data.train=" + dir_.file("none_*.bin") + "'", "none_*.bin");
   expect_error("train --config " + dir_.file("nope.yaml"), "nope.yaml' does not exist");
   expect_error(base_ + " --init-weights " + dir_.file("missing.h5"), "missing.h5");
@@ -118,6 +117,54 @@ TEST_F(TrainCli, BadInputEndsInAClearError) {
   expect_error("sample", "--weights FILE is required");
   expect_error("sample --weights " + dir_.file("w.h5") + " --tokenizer " + dir_.file("no_tokenizer"),
                "no_tokenizer");
+}
+
+// Note [Batch split]: a micro-batch that does not split the batch is lowered,
+// and the header says so once.
+TEST_F(TrainCli, AMicroBatchThatDoesNotFitIsLoweredAndSaid) {
+  const Result r = run(base_ + " --set train.steps=1 --set train.micro_batch=3 --resolved-config " +
+                       dir_.file("cfg.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("note: train.micro_batch 3 does not split train.batch_size 8: running micro-batches "
+                    "of 2 (the largest that does), 4 per rank per step"),
+      std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(4 micro-batches of 2)"), std::string::npos) << r.output;
+  std::ifstream f(dir_.file("cfg.json"));
+  const nlohmann::json cfg = nlohmann::json::parse(f);
+  EXPECT_EQ(cfg["train"]["micro_batch"], 2);
+  EXPECT_EQ(cfg["train"]["grad_accum"], 4);
+}
+
+// Note [Fail fast]: inputs needed after training are checked before step 1.
+TEST_F(TrainCli, InputsNeededLaterAreCheckedBeforeTheFirstStep) {
+  auto expect_early_error = [&](const std::string& args, const std::string& needle) {
+    const Result r = run(args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("step 1"), std::string::npos) << "trained before failing:\n" << r.output;
+  };
+  const std::string no_tok = dir_.file("no_tokenizer");
+  const std::string sampling = base_ + " --set train.sample_tokens=5 --set 'data.tokenizer=" + no_tok + "'";
+  expect_early_error(sampling, "data.tokenizer '" + no_tok + "'");
+  expect_early_error(sampling, "train.sample_tokens=0");
+  // Without the sample the same run trains and ends well.
+  const Result plain = run(base_ + " --set train.steps=2 --set 'data.tokenizer=" + no_tok + "'");
+  EXPECT_EQ(plain.status, 0) << plain.output;
+  EXPECT_NE(plain.output.find("done: 2 steps"), std::string::npos) << plain.output;
+
+  expect_early_error(base_ + " --save-weights " + dir_.file("missing_dir/w.h5"),
+                     "train.save_weights (--save-weights) '" + dir_.file("missing_dir/w.h5") + "'");
+  expect_early_error(base_ + " --save-weights " + dir_.path().string(), "is a folder");
+  std::ofstream(dir_.file("a_file")) << "x";
+  expect_early_error(base_ + " --set checkpoint.dir=" + dir_.file("a_file") + "/ckpt",
+                     "checkpoint.dir '" + dir_.file("a_file") + "/ckpt' cannot be created");
+  expect_early_error(base_ + " --set train.resume=" + dir_.file("nowhere"),
+                     "train.resume: '" + dir_.file("nowhere") + "' does not exist");
+  std::filesystem::create_directories(dir_.file("empty_root"));
+  expect_early_error(base_ + " --set train.resume=" + dir_.file("empty_root"),
+                     "holds no complete checkpoint");
 }
 
 TEST_F(TrainCli, SampleFromSavedWeights) {

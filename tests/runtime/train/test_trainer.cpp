@@ -108,13 +108,59 @@ std::string error_of(const TrainConfig& c) {
   return test::error_message([&] { Trainer t(c); });
 }
 
+// Note [Batch split]: a micro-batch that does not split the batch becomes the
+// largest one that does, and the steps are those of the configured split.
+TEST_F(TrainerTest, AMicroBatchThatDoesNotSplitTheBatchIsLowered) {
+  TrainConfig c = config();
+  c.data.shuffle = false;
+  c.train.micro_batch = 4;  // 8 = 2 x 4
+  Trainer fits(c);
+  c.train.micro_batch = 3;  // 8 is no multiple of 3: 2 is the largest that splits it
+  EXPECT_NE(c.batch_split_note().find("running micro-batches of 2"), std::string::npos)
+      << c.batch_split_note();
+  Trainer lowered(c);
+  EXPECT_EQ(lowered.config().train.micro_batch, 2);
+  EXPECT_EQ(lowered.grad_accum(), 4);
+  for (int i = 0; i < 3; ++i) {
+    const StepStats a = fits.step(), b = lowered.step();
+    EXPECT_NEAR(b.loss, a.loss, 2e-6 * a.loss) << "step " << i + 1;
+  }
+}
+
+TEST(BatchSplit, LargestMicroBatchThatSplitsTheBatchOverTheRanks) {
+  TrainConfig c;
+  c.train.batch_size = 8;
+  c.train.micro_batch = 8;
+  EXPECT_EQ(c.micro_batch_for(1), 8);
+  EXPECT_EQ(c.batch_split_note(1), "");
+  EXPECT_EQ(c.micro_batch_for(2), 4);
+  EXPECT_EQ(c.grad_accum(2), 1);
+  EXPECT_EQ(c.micro_batch_for(4), 2);
+  EXPECT_EQ(c.micro_batch_for(8), 1);
+  EXPECT_NE(c.batch_split_note(4).find("over 4 ranks: running micro-batches of 2"), std::string::npos)
+      << c.batch_split_note(4);
+  c.train.batch_size = 24;
+  c.train.micro_batch = 5;
+  EXPECT_EQ(c.micro_batch_for(1), 4);  // 24 = 6 x 4
+  EXPECT_EQ(c.micro_batch_for(2), 4);  // 12 per rank = 3 x 4
+  EXPECT_EQ(c.micro_batch_for(3), 4);  // 8 per rank = 2 x 4
+  EXPECT_EQ(c.grad_accum(3), 2);
+  EXPECT_EQ(c.micro_batch_for(6), 4);
+  c.train.micro_batch = 16;
+  EXPECT_EQ(c.micro_batch_for(2), 12);  // at most what each rank gets
+  // No split: the ranks cannot share the batch evenly. Both numbers are named.
+  c.train.batch_size = 8;
+  std::string e = test::error_message([&] { c.micro_batch_for(3); });
+  EXPECT_NE(e.find("train.batch_size (8) cannot be split over 3 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("set train.batch_size to 6 or 9"), std::string::npos) << e;
+  c.train.batch_size = 2;
+  e = test::error_message([&] { c.micro_batch_for(4); });
+  EXPECT_NE(e.find("train.batch_size (2) cannot be split over 4 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("set train.batch_size to 4,"), std::string::npos) << e;
+}
+
 TEST_F(TrainerTest, BadConfigsNameTheKey) {
   TrainConfig c = config();
-  c.train.micro_batch = 3;
-  EXPECT_NE(error_of(c).find("train.batch_size (8) must be a multiple of train.micro_batch (3)"),
-            std::string::npos)
-      << error_of(c);
-  c = config();
   c.train.lr = -1;
   EXPECT_NE(error_of(c).find("train.lr must be > 0"), std::string::npos) << error_of(c);
   c = config();
