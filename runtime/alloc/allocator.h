@@ -36,8 +36,12 @@ struct AllocatorStats {
   uint64_t num_oom_retries = 0;      // times the cache was flushed to retry
 };
 
-/// 64-byte aligned host memory from the C heap.
+/// 64-byte aligned host memory: from the C heap, and blocks of 4 MiB or more
+/// from a cache (Note [Large host blocks], runtime/alloc/cpu_allocator.cpp).
 Allocator& cpu_allocator();
+/// Whether cpu_allocator() caches large blocks (not with BT_CPU_CACHE=0, nor
+/// under AddressSanitizer).
+bool cpu_block_cache_enabled();
 /// The caching allocator of CUDA device `index`.
 Allocator& cuda_allocator(int index);
 /// Page-locked host memory for fast, asynchronous host<->device copies. Falls

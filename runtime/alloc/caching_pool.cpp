@@ -197,6 +197,11 @@ size_t CachingPool::block_size(const void* p) const {
   return it->second->size;
 }
 
+bool CachingPool::owns(const void* p) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.count(const_cast<void*>(p)) != 0;
+}
+
 // ------------------------------------------------------------------ internals
 // Everything below runs with mu_ held.
 

@@ -153,6 +153,8 @@ class CachingPool {
   std::vector<SegmentInfo> snapshot() const;
   /// Size of the live block `p` (>= round_size of its request).
   size_t block_size(const void* p) const;
+  /// Whether `p` is a live block of this pool.
+  bool owns(const void* p) const;
 
  private:
   struct Block {

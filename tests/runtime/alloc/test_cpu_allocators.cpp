@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include "kernels/common/error.h"
 #include "runtime/alloc/allocator.h"
@@ -32,6 +33,29 @@ TEST(CpuAllocator, ReturnsAlignedWritableMemory) {
     a.deallocate(p);
   }
   a.deallocate(nullptr);  // like free(nullptr)
+}
+
+long minor_faults() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
+// Note [Large host blocks]: a large block freed and asked for again is the
+// same memory, already mapped: touching it again costs no page faults.
+TEST(CpuAllocator, LargeBlocksAreCachedAndNeedNoNewPages) {
+  if (!cpu_block_cache_enabled()) GTEST_SKIP() << "the cache is off (BT_CPU_CACHE=0, or AddressSanitizer)";
+  Allocator& a = cpu_allocator();
+  const size_t n = 64 * MiB;
+  void* p = a.allocate(n, Stream());
+  std::memset(p, 1, n);
+  a.deallocate(p);
+  void* q = a.allocate(n - 4096, Stream());  // a slightly smaller request fits the cached block
+  EXPECT_EQ(q, p);
+  const long before = minor_faults();
+  std::memset(q, 2, n - 4096);
+  EXPECT_LT(minor_faults() - before, 16) << "the cached block was mapped again";
+  a.deallocate(q);
 }
 
 TEST(CpuAllocator, ZeroBytesGivesDistinctValidPointers) {
