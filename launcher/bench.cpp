@@ -7,11 +7,11 @@
 #include <fstream>
 #include <random>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/progress.h"
 #include "runtime/bt.h"
@@ -94,25 +94,25 @@ std::string write_random_shard(const std::string& dir, int64_t tokens, int64_t v
 }  // namespace
 
 int run_bench(int argc, char** argv) {
-  cxxopts::Options opts(
+  cli::Options opts(
       "blutrain bench",
       "Training throughput and peak memory of BluTrain vs the PyTorch reference, side by side.");
-  opts.add_options()("preset", "model preset", cxxopts::value<std::string>()->default_value("gpt2-124m"))(
+  opts.add_options()("preset", "model preset", cli::value<std::string>()->default_value("gpt2-124m"))(
       "precision", "comma-separated: fp32, tf32, bf16",
-      cxxopts::value<std::string>()->default_value("bf16,fp32"))(
-      "micro-batch", "sequences per step", cxxopts::value<int64_t>()->default_value("16"))(
-      "seq", "sequence length (<= the preset's)", cxxopts::value<int64_t>()->default_value("1024"))(
-      "steps", "timed steps", cxxopts::value<int64_t>()->default_value("20"))(
-      "warmup", "untimed steps first", cxxopts::value<int64_t>()->default_value("5"))(
-      "device", "cuda, cuda:N or cpu", cxxopts::value<std::string>()->default_value("auto"))(
+      cli::value<std::string>()->default_value("bf16,fp32"))("micro-batch", "sequences per step",
+                                                             cli::value<int64_t>()->default_value("16"))(
+      "seq", "sequence length (<= the preset's)", cli::value<int64_t>()->default_value("1024"))(
+      "steps", "timed steps", cli::value<int64_t>()->default_value("20"))(
+      "warmup", "untimed steps first", cli::value<int64_t>()->default_value("5"))(
+      "device", "cuda, cuda:N or cpu", cli::value<std::string>()->default_value("auto"))(
       "reference", "the PyTorch reference script",
-      cxxopts::value<std::string>()->default_value("bench/gpt2_ref.py"))(
-      "python", "Python interpreter with torch", cxxopts::value<std::string>()->default_value("python3"))(
+      cli::value<std::string>()->default_value("bench/gpt2_ref.py"))(
+      "python", "Python interpreter with torch", cli::value<std::string>()->default_value("python3"))(
       "reference-args", "extra arguments for the reference (e.g. --compile)",
-      cxxopts::value<std::string>()->default_value(""))("no-reference", "measure BluTrain only")(
-      "json", "also write the results to this JSON file", cxxopts::value<std::string>())("h,help",
-                                                                                         "show this help");
-  cxxopts::ParseResult r;
+      cli::value<std::string>()->default_value(""))("no-reference", "measure BluTrain only")(
+      "json", "also write the results to this JSON file", cli::value<std::string>())("h,help",
+                                                                                     "show this help");
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/model_file.h"
 #include "launcher/progress.h"
@@ -169,7 +169,7 @@ void write_llmc(const std::string& path, const nn::Gpt& m) {
 }  // namespace
 
 int run_ckpt(int argc, char** argv) {
-  cxxopts::Options opts(
+  cli::Options opts(
       "blutrain ckpt",
       "Checkpoints of `blutrain train` (checkpoint.dir):\n"
       "  ls ROOT                       list the complete checkpoints, the latest marked\n"
@@ -181,11 +181,11 @@ int run_ckpt(int argc, char** argv) {
       "CKPT is a checkpoint (ROOT/step_XXXXXXXX) or a root (checkpoint.dir): a root stands for\n"
       "its latest complete checkpoint, and the first line says which that is.");
   opts.add_options()("llmc", "also write llm.c's model file (magic 20240326) here",
-                     cxxopts::value<std::string>())("all", "verify: every checkpoint under the root")(
-      "h,help", "show this help")("args", "", cxxopts::value<std::vector<std::string>>());
+                     cli::value<std::string>())("all", "verify: every checkpoint under the root")(
+      "h,help", "show this help")("args", "", cli::value<std::vector<std::string>>());
   opts.parse_positional({"args"});
   opts.positional_help("ls|inspect|verify|export PATH [OUT]");
-  cxxopts::ParseResult r;
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

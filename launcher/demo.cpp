@@ -12,9 +12,9 @@
 #include <random>
 #include <sstream>
 
-#include <cxxopts.hpp>
 #include <unistd.h>
 
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "runtime/bt.h"
 
@@ -188,22 +188,22 @@ std::string printable(const std::string& s) {
 }
 
 Config parse(int argc, char** argv) {
-  cxxopts::Options opts("blutrain demo",
-                        "Train a small character-level GPT on a text file, then sample from it.");
+  cli::Options opts("blutrain demo",
+                    "Train a small character-level GPT on a text file, then sample from it.");
   opts.add_options()("data", "text file to train on",
-                     cxxopts::value<std::string>()->default_value("data/jargon/jargon.txt"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
-      "steps", "training steps", cxxopts::value<int>()->default_value("600"))(
-      "batch", "sequences per step", cxxopts::value<int>()->default_value("16"))(
-      "seq", "context length", cxxopts::value<int>()->default_value("64"))(
-      "layers", "transformer blocks", cxxopts::value<int>()->default_value("2"))(
-      "dim", "model width", cxxopts::value<int>()->default_value("128"))(
-      "heads", "attention heads", cxxopts::value<int>()->default_value("4"))(
-      "lr", "peak learning rate", cxxopts::value<double>()->default_value("3e-3"))(
-      "eval-every", "steps between validation passes", cxxopts::value<int>()->default_value("100"))(
-      "sample-len", "characters to sample at the end", cxxopts::value<int>()->default_value("400"))(
-      "seed", "random seed", cxxopts::value<uint64_t>()->default_value("1337"))("h,help", "show this help");
-  cxxopts::ParseResult r;
+                     cli::value<std::string>()->default_value("data/jargon/jargon.txt"))(
+      "device", "auto, cpu, cuda or cuda:N", cli::value<std::string>()->default_value("auto"))(
+      "steps", "training steps", cli::value<int>()->default_value("600"))(
+      "batch", "sequences per step", cli::value<int>()->default_value("16"))(
+      "seq", "context length", cli::value<int>()->default_value("64"))("layers", "transformer blocks",
+                                                                       cli::value<int>()->default_value("2"))(
+      "dim", "model width", cli::value<int>()->default_value("128"))("heads", "attention heads",
+                                                                     cli::value<int>()->default_value("4"))(
+      "lr", "peak learning rate", cli::value<double>()->default_value("3e-3"))(
+      "eval-every", "steps between validation passes", cli::value<int>()->default_value("100"))(
+      "sample-len", "characters to sample at the end", cli::value<int>()->default_value("400"))(
+      "seed", "random seed", cli::value<uint64_t>()->default_value("1337"))("h,help", "show this help");
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

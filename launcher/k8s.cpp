@@ -6,9 +6,8 @@
 #include <string>
 #include <vector>
 
-#include <cxxopts.hpp>
-
 #include "kernels/common/error.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/jobspec.h"
 #include "launcher/k8s_manifests.h"
@@ -17,7 +16,7 @@
 namespace bt::launcher {
 
 int run_k8s(int argc, char** argv) {
-  cxxopts::Options opts(
+  cli::Options opts(
       "blutrain k8s",
       "Run a job spec on Kubernetes.\n"
       "  blutrain k8s render JOBSPEC [--mode indexed|mpijob] [-o FILE]\n"
@@ -26,12 +25,12 @@ int run_k8s(int argc, char** argv) {
       "        indexed: a headless Service and an Indexed Job, one pod (and GPU) per rank\n"
       "        mpijob:  a Kubeflow MPIJob (mpi-operator v2beta1), one worker pod per node\n"
       "  Apply them with `blutrain k8s render spec.yaml | kubectl apply -f -`; see k8s/README.md.");
-  opts.add_options()("mode", "indexed or mpijob", cxxopts::value<std::string>()->default_value("indexed"))(
-      "o,output", "write the manifests here instead of printing them", cxxopts::value<std::string>())(
-      "h,help", "show this help")("positional", "", cxxopts::value<std::vector<std::string>>());
+  opts.add_options()("mode", "indexed or mpijob", cli::value<std::string>()->default_value("indexed"))(
+      "o,output", "write the manifests here instead of printing them", cli::value<std::string>())(
+      "h,help", "show this help")("positional", "", cli::value<std::vector<std::string>>());
   opts.parse_positional({"positional"});
   opts.positional_help("render JOBSPEC");
-  cxxopts::ParseResult r;
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

@@ -26,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include <cxxopts.hpp>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
@@ -34,6 +33,7 @@
 #include <unistd.h>
 
 #include "kernels/common/error.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/heartbeat.h"
 #include "launcher/stop_request.h"
@@ -289,28 +289,28 @@ int run_launch(int argc, char** argv) {
   Options o;
   o.command.assign(argv + std::min(split + 1, argc), argv + argc);
 
-  cxxopts::Options opts("blutrain launch",
-                        "Start N ranks of a blutrain command through mpirun.\n"
-                        "Usage: blutrain launch --nproc N [options] -- train [train options]");
-  opts.add_options()("n,nproc", "ranks to start", cxxopts::value<int>())(
+  cli::Options opts("blutrain launch",
+                    "Start N ranks of a blutrain command through mpirun.\n"
+                    "Usage: blutrain launch --nproc N [options] -- train [train options]");
+  opts.add_options()("n,nproc", "ranks to start", cli::value<int>())(
       "hostfile", "Open MPI hostfile (default: every rank on this host, oversubscribed if need be)",
-      cxxopts::value<std::string>())("mpirun-arg", "an extra mpirun argument (repeatable)",
-                                     cxxopts::value<std::vector<std::string>>())(
+      cli::value<std::string>())("mpirun-arg", "an extra mpirun argument (repeatable)",
+                                 cli::value<std::vector<std::string>>())(
       "log-dir", "folder for the per-rank logs rank-<R>.log",
-      cxxopts::value<std::string>()->default_value("logs"))(
-      "mpirun", "the mpirun to use", cxxopts::value<std::string>()->default_value("mpirun"))(
+      cli::value<std::string>()->default_value("logs"))("mpirun", "the mpirun to use",
+                                                        cli::value<std::string>()->default_value("mpirun"))(
       "grace", "seconds to wait for mpirun to stop the other ranks after one failed",
-      cxxopts::value<int>()->default_value("30"))(
+      cli::value<int>()->default_value("30"))(
       "max-restarts",
       "after a failed rank or a hang, start the job again from its latest checkpoint "
       "(train.resume=auto), at most this many times",
-      cxxopts::value<int>()->default_value("0"))(
+      cli::value<int>()->default_value("0"))(
       "hang-timeout",
       "seconds in which no rank begins anything new (a step, an evaluation, a checkpoint) before the "
       "job is reported and stopped as hung (0: no watchdog)",
-      cxxopts::value<double>()->default_value("900"))("h,help", "show this help");
+      cli::value<double>()->default_value("900"))("h,help", "show this help");
   int pargc = split;
-  cxxopts::ParseResult r;
+  cli::ParseResult r;
   try {
     r = opts.parse(pargc, argv);
   } catch (const std::exception& e) {

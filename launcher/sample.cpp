@@ -1,7 +1,6 @@
 // `blutrain sample`: loads a weights file written by `blutrain train
 // --save-weights` and prints a continuation of a prompt.
-#include <cxxopts.hpp>
-
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/model_file.h"
 #include "launcher/sample_text.h"
@@ -11,19 +10,18 @@
 namespace bt::launcher {
 
 int run_sample(int argc, char** argv) {
-  cxxopts::Options opts("blutrain sample", "Sample text from a trained GPT weights file.");
+  cli::Options opts("blutrain sample", "Sample text from a trained GPT weights file.");
   opts.add_options()("w,weights", "weights file (HDF5) from `blutrain train --save-weights`",
-                     cxxopts::value<std::string>())("p,prompt", "text to continue",
-                                                    cxxopts::value<std::string>()->default_value("\n"))(
-      "n,tokens", "tokens to sample", cxxopts::value<int64_t>()->default_value("200"))(
-      "temperature", "sampling temperature (> 0)", cxxopts::value<double>()->default_value("0.8"))(
-      "top-k", "sample among the k likeliest tokens (0: all)",
-      cxxopts::value<int64_t>()->default_value("40"))(
+                     cli::value<std::string>())("p,prompt", "text to continue",
+                                                cli::value<std::string>()->default_value("\n"))(
+      "n,tokens", "tokens to sample", cli::value<int64_t>()->default_value("200"))(
+      "temperature", "sampling temperature (> 0)", cli::value<double>()->default_value("0.8"))(
+      "top-k", "sample among the k likeliest tokens (0: all)", cli::value<int64_t>()->default_value("40"))(
       "tokenizer", "folder with encoder.json and vocab.bpe",
-      cxxopts::value<std::string>()->default_value("data/tokenizer"))(
-      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
-      "seed", "random seed", cxxopts::value<uint64_t>()->default_value("1337"))("h,help", "show this help");
-  cxxopts::ParseResult r;
+      cli::value<std::string>()->default_value("data/tokenizer"))(
+      "device", "auto, cpu, cuda or cuda:N", cli::value<std::string>()->default_value("auto"))(
+      "seed", "random seed", cli::value<uint64_t>()->default_value("1337"))("h,help", "show this help");
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

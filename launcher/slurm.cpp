@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <string>
 
-#include <cxxopts.hpp>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "kernels/common/error.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/jobspec.h"
 #include "launcher/slurm_script.h"
@@ -39,19 +39,19 @@ std::pair<int, std::string> run_shell(const std::string& cmd) {
 }  // namespace
 
 int run_slurm(int argc, char** argv) {
-  cxxopts::Options opts("blutrain slurm",
-                        "Run a job spec on Slurm.\n"
-                        "  blutrain slurm render JOBSPEC [-o FILE]    print or write the sbatch script\n"
-                        "  blutrain slurm submit JOBSPEC [--script FILE] [--sbatch PATH]\n"
-                        "                                             write it and submit it with sbatch");
+  cli::Options opts("blutrain slurm",
+                    "Run a job spec on Slurm.\n"
+                    "  blutrain slurm render JOBSPEC [-o FILE]    print or write the sbatch script\n"
+                    "  blutrain slurm submit JOBSPEC [--script FILE] [--sbatch PATH]\n"
+                    "                                             write it and submit it with sbatch");
   opts.add_options()("o,output", "render: write the script here instead of printing it",
-                     cxxopts::value<std::string>())(
+                     cli::value<std::string>())(
       "script", "submit: where the script is written (default: NAME.sbatch in this folder)",
-      cxxopts::value<std::string>())("sbatch", "submit: the sbatch to run",
-                                     cxxopts::value<std::string>()->default_value("sbatch"))(
-      "h,help", "show this help")("positional", "", cxxopts::value<std::vector<std::string>>());
+      cli::value<std::string>())("sbatch", "submit: the sbatch to run",
+                                 cli::value<std::string>()->default_value("sbatch"))(
+      "h,help", "show this help")("positional", "", cli::value<std::vector<std::string>>());
   opts.parse_positional({"positional"});
-  cxxopts::ParseResult r;
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

@@ -30,10 +30,10 @@
 #include <thread>
 #include <vector>
 
-#include <cxxopts.hpp>
 #include <unistd.h>
 
 #include "kernels/common/error.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "runtime/data/bpe.h"
 #include "runtime/data/shard.h"
@@ -67,21 +67,21 @@ T parse_number(const std::string& s, const char* option, const char* want) {
 }
 
 Options parse(int argc, char** argv) {
-  cxxopts::Options opts("blutrain tokenize",
-                        "GPT-2-tokenize text files (one document each, <|endoftext|> before each) into llm.c "
-                        "token shards PREFIX_val_NNNNNN.bin and PREFIX_train_NNNNNN.bin.");
+  cli::Options opts("blutrain tokenize",
+                    "GPT-2-tokenize text files (one document each, <|endoftext|> before each) into llm.c "
+                    "token shards PREFIX_val_NNNNNN.bin and PREFIX_train_NNNNNN.bin.");
   opts.positional_help("INPUT... -o PREFIX");
-  opts.add_options()("o,output", "output prefix, e.g. data/shards/jargon", cxxopts::value<std::string>())(
+  opts.add_options()("o,output", "output prefix, e.g. data/shards/jargon", cli::value<std::string>())(
       "val-fraction",
       "share of tokens for validation, in [0, 1): the last documents, or the tail of a single one",
-      cxxopts::value<std::string>()->default_value("0.1"))(
-      "shard-tokens", "tokens per shard at most", cxxopts::value<std::string>()->default_value("100000000"))(
+      cli::value<std::string>()->default_value("0.1"))("shard-tokens", "tokens per shard at most",
+                                                       cli::value<std::string>()->default_value("100000000"))(
       "tokenizer", "folder with encoder.json and vocab.bpe (scripts/fetch-data tokenizer)",
-      cxxopts::value<std::string>()->default_value("data/tokenizer"))(
-      "threads", "encoding threads, 0 = one per core", cxxopts::value<std::string>()->default_value("0"))(
-      "inputs", "text files", cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
+      cli::value<std::string>()->default_value("data/tokenizer"))(
+      "threads", "encoding threads, 0 = one per core", cli::value<std::string>()->default_value("0"))(
+      "inputs", "text files", cli::value<std::vector<std::string>>())("h,help", "show this help");
   opts.parse_positional({"inputs"});
-  cxxopts::ParseResult r;
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {

@@ -9,10 +9,10 @@
 #include <memory>
 #include <optional>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
 
 #include "launcher/checkpointing.h"
+#include "launcher/cli.h"
 #include "launcher/commands.h"
 #include "launcher/config.h"
 #include "launcher/heartbeat.h"
@@ -36,22 +36,19 @@ struct Options {
 };
 
 Options parse(int argc, char** argv) {
-  cxxopts::Options opts(
-      "blutrain train",
-      "Train a GPT on token shards. Without --config: the embedded default (the `tiny` preset "
-      "on the jargon corpus, made by `scripts/quickstart`).");
-  opts.add_options()("c,config", "YAML config file (see configs/)", cxxopts::value<std::string>())(
-      "s,set", "override a key: section.key=value (repeatable)", cxxopts::value<std::vector<std::string>>())(
+  cli::Options opts("blutrain train",
+                    "Train a GPT on token shards. Without --config: the embedded default (the `tiny` preset "
+                    "on the jargon corpus, made by `scripts/quickstart`).");
+  opts.add_options()("c,config", "YAML config file (see configs/)", cli::value<std::string>())(
+      "s,set", "override a key: section.key=value (repeatable)", cli::value<std::vector<std::string>>())(
       "metrics", "write one JSON object per step to this file (same as train.metrics)",
-      cxxopts::value<std::string>())("init-weights",
-                                     "start from this weights file instead of the seeded init",
-                                     cxxopts::value<std::string>())(
-      "save-init", "write the initial weights to this file before step 1", cxxopts::value<std::string>())(
+      cli::value<std::string>())("init-weights", "start from this weights file instead of the seeded init",
+                                 cli::value<std::string>())(
+      "save-init", "write the initial weights to this file before step 1", cli::value<std::string>())(
       "save-weights", "write the final weights to this file (same as train.save_weights)",
-      cxxopts::value<std::string>())("resolved-config", "write the resolved config as JSON to this file",
-                                     cxxopts::value<std::string>())("h,help",
-                                                                    "show this help and every config key");
-  cxxopts::ParseResult r;
+      cli::value<std::string>())("resolved-config", "write the resolved config as JSON to this file",
+                                 cli::value<std::string>())("h,help", "show this help and every config key");
+  cli::ParseResult r;
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {
