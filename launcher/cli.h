@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace bt::launcher::cli {
@@ -36,35 +37,28 @@ class Value : public std::enable_shared_from_this<Value> {
   std::optional<std::string> def;
 };
 
+/// What value<T>() makes: one of the seven types an option can take.
 template <class T>
-std::shared_ptr<Value> value();
-template <>
-inline std::shared_ptr<Value> value<bool>() {
-  return std::make_shared<Value>(Value::Kind::kBool);
-}
-template <>
-inline std::shared_ptr<Value> value<std::string>() {
-  return std::make_shared<Value>(Value::Kind::kString);
-}
-template <>
-inline std::shared_ptr<Value> value<std::vector<std::string>>() {
-  return std::make_shared<Value>(Value::Kind::kStrings);
-}
-template <>
-inline std::shared_ptr<Value> value<int>() {
-  return std::make_shared<Value>(Value::Kind::kInt);
-}
-template <>
-inline std::shared_ptr<Value> value<int64_t>() {
-  return std::make_shared<Value>(Value::Kind::kInt64);
-}
-template <>
-inline std::shared_ptr<Value> value<uint64_t>() {
-  return std::make_shared<Value>(Value::Kind::kUInt64);
-}
-template <>
-inline std::shared_ptr<Value> value<double>() {
-  return std::make_shared<Value>(Value::Kind::kDouble);
+std::shared_ptr<Value> value() {
+  using K = Value::Kind;
+  K k;
+  if constexpr (std::is_same_v<T, bool>)
+    k = K::kBool;
+  else if constexpr (std::is_same_v<T, std::string>)
+    k = K::kString;
+  else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+    k = K::kStrings;
+  else if constexpr (std::is_same_v<T, int>)
+    k = K::kInt;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    k = K::kInt64;
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    k = K::kUInt64;
+  else if constexpr (std::is_same_v<T, double>)
+    k = K::kDouble;
+  else
+    static_assert(sizeof(T) == 0, "cli::value<T>: T must be one of Value::Kind's types");
+  return std::make_shared<Value>(k);
 }
 
 /// The options of one command line, once parsed.
