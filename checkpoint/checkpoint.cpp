@@ -272,7 +272,7 @@ std::string latest_pointer_problem(const std::string& root) {
   }
   if (step_of(name) < 0)
     return cat("'", p.string(), "' holds \"", shown,
-               "\", which is not a checkpoint name (step_XXXXXXXX): the file ", "is damaged");
+               "\", which is not a checkpoint name (step_XXXXXXXX): the file is damaged");
   if (!fs::is_regular_file(fs::path(root) / name / "index.json", ec))
     return cat("'", p.string(), "' names ", name, ", which is not a complete checkpoint in ", root);
   return "";

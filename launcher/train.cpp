@@ -103,7 +103,8 @@ int run_train(int argc, char** argv) {
         sample = prepare_sample(cfg.data.tokenizer, cfg.train.sample_prompt, cfg.model.vocab_size);
       } catch (const Error& e) {
         BT_FAIL("the sample after training (train.sample_tokens=", cfg.train.sample_tokens,
-                ") needs data.tokenizer '", cfg.data.tokenizer, "': ", e.what(),
+                ", with data.tokenizer '", cfg.data.tokenizer,
+                "' and train.sample_prompt) cannot be made: ", e.what(),
                 "; or set train.sample_tokens=0 to train without a sample");
       }
     }
