@@ -79,11 +79,11 @@ int verify(const std::string& dir, const std::vector<std::string>& extra = {}) {
 /// verify PATH: the checkpoint, or a root's latest, whose `latest` file must
 /// then be sound too (a damaged one would send a resume elsewhere).
 int verify_path(const std::string& path) {
-  std::error_code ec;
-  const bool root = !fs::is_regular_file(fs::path(path) / "index.json", ec);
-  const std::string dir = chosen(path);
+  std::string line;
+  const std::string dir = ckpt::resolve(path, &line);
   std::vector<std::string> extra;
-  if (root) {
+  if (!line.empty()) {  // a root: resolve said which checkpoint it took
+    std::printf("%s\n", line.c_str());
     const std::string p = ckpt::latest_pointer_problem(path);
     if (!p.empty()) extra.push_back(p);
   }

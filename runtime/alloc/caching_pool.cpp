@@ -124,16 +124,20 @@ void* CachingPool::allocate(size_t nbytes, uintptr_t stream) {
 
 void CachingPool::deallocate(void* p) {
   if (p == nullptr) return;
+  BT_ASSERT(deallocate_if_owned(p), "deallocate(", p, ") on ", backing_.name(),
+            ": not a live block of this allocator (double free, or memory from another allocator)");
+}
+
+bool CachingPool::deallocate_if_owned(void* p) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
-  BT_ASSERT(it != live_.end(), "deallocate(", p, ") on ", backing_.name(),
-            ": not a live block of this allocator (double free, or memory from another allocator)");
+  if (it == live_.end()) return false;
   Block* b = it->second;
   live_.erase(it);
   stats_.allocated -= b->size;
   if (b->stream_uses.empty()) {
     free_block(b);  // reusable by its own stream at once (stream order)
-    return;
+    return true;
   }
   std::vector<uintptr_t> uses;
   uses.swap(b->stream_uses);
@@ -143,6 +147,7 @@ void CachingPool::deallocate(void* p) {
     pending_.emplace_back(ev, b);
     ++b->pending_events;
   }
+  return true;
 }
 
 void CachingPool::record_stream(void* p, uintptr_t stream) {
@@ -195,11 +200,6 @@ size_t CachingPool::block_size(const void* p) const {
   auto it = live_.find(const_cast<void*>(p));
   BT_ASSERT(it != live_.end(), "block_size(", p, "): not a live block");
   return it->second->size;
-}
-
-bool CachingPool::owns(const void* p) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return live_.count(const_cast<void*>(p)) != 0;
 }
 
 // ------------------------------------------------------------------ internals

@@ -122,6 +122,9 @@ class CachingPool {
   /// A block of at least round_size(nbytes) bytes, reusable in order on `stream`.
   void* allocate(size_t nbytes, uintptr_t stream);
   void deallocate(void* p);
+  /// deallocate(p) when `p` is a live block of this pool (true); otherwise
+  /// nothing (false). For callers that mix the pool with other memory.
+  bool deallocate_if_owned(void* p);
   /// Declares that the live block `p` is also used by work on `stream`.
   void record_stream(void* p, uintptr_t stream);
   /// Returns every entirely-free segment to the backing allocator.
@@ -153,8 +156,6 @@ class CachingPool {
   std::vector<SegmentInfo> snapshot() const;
   /// Size of the live block `p` (>= round_size of its request).
   size_t block_size(const void* p) const;
-  /// Whether `p` is a live block of this pool.
-  bool owns(const void* p) const;
 
  private:
   struct Block {

@@ -76,11 +76,7 @@ class CpuAllocator final : public Allocator {
     return p;
   }
   void deallocate(void* ptr) override {
-    if (ptr == nullptr) return;
-    if (cache_ && pool_.owns(ptr)) {
-      pool_.deallocate(ptr);
-      return;
-    }
+    if (ptr == nullptr || (cache_ && pool_.deallocate_if_owned(ptr))) return;
     std::free(ptr);
   }
 

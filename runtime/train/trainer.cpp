@@ -40,8 +40,8 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   rank_ = w.rank;
   world_ = w.size;
   cfg_.validate(world_);
-  accum_ = cfg_.grad_accum(world_);
   cfg_.train.micro_batch = cfg_.micro_batch_for(world_);  // Note [Batch split]: what this job runs
+  accum_ = cfg_.grad_accum(world_);
   device_ = resolve_device(cfg_.train.device, w.local_rank);
   set_current_device(device_);  // each rank selects its GPU (cuda:local_rank)
   set_precision(parse_precision(cfg_.train.precision));
