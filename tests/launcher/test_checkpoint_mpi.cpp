@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/weights.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -50,7 +51,7 @@ class CheckpointJob : public ::testing::Test {
     glob_ = test::write_token_shards(dir_.path(), "tok", 2, 20'000, 1024, 7);
     // A 1024-token vocabulary keeps the runs quick (under the sanitizers too); 40
     // steps of 8 sequences in micro-batches of 2 (4 micro-steps on 1 rank, 2 on 2, 1 on 4).
-    train_ = std::string(BT_BLUTRAIN_EXE) + " train --set 'data.train=" + glob_ +
+    train_ = test::blutrain_exe() + " train --set 'data.train=" + glob_ +
              "' --set data.val= --set model.vocab_size=1024 --set model.n_layer=2 --set model.n_head=2 --set "
              "model.n_embd=64"
              " --set model.seq_len=64 --set train.steps=40 --set train.batch_size=8 --set train.micro_batch=2"
@@ -159,7 +160,7 @@ TEST_F(CheckpointJob, ReshardsAcrossWorldSizesAndStrategies) {
 // restart resumes from step 5.
 TEST_F(CheckpointJob, ARankKilledMidSaveLeavesThePreviousCheckpoint) {
   const std::string ck = file("ck"), logs = file("logs"), out = file("launch.out");
-  const std::string cmd = "BT_CHECKPOINT_PAUSE=10:120 " + std::string(BT_BLUTRAIN_EXE) +
+  const std::string cmd = "BT_CHECKPOINT_PAUSE=10:120 " + test::blutrain_exe() +
                           " launch --nproc 2 --log-dir " + logs + " --" +
                           train_.substr(train_.find(" train")) + " --set checkpoint.dir=" + ck +
                           " --set checkpoint.every=5 >" + out + " 2>&1; echo $? >" + file("status");
@@ -198,7 +199,7 @@ TEST_F(CheckpointJob, ACorruptShardIsCaughtAndResumeFallsBack) {
   Result r = train(2, "zero1",
                    "--set checkpoint.dir=" + ck + " --set checkpoint.every=5 --set train.stop_at_step=10");
   ASSERT_EQ(r.status, 0) << r.out;
-  const std::string exe = BT_BLUTRAIN_EXE;
+  const std::string exe = test::blutrain_exe();
   // The root stands for its latest checkpoint, and the commands say which.
   const std::string chosen =
       ck + " is a checkpoint root: using its latest checkpoint, " + ck + "/step_00000010 (step 10)";

@@ -7,6 +7,7 @@
 
 #include "launcher/config.h"
 #include "tests/support/error_message.h"
+#include "tests/support/paths.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt::launcher {
@@ -115,11 +116,10 @@ TEST_F(ConfigTest, BadFilesAreNamed) {
 
 TEST_F(ConfigTest, CommittedConfigsLoad) {
   for (const char* name : {"tiny", "gpt2-124m"}) {
-    const train::TrainConfig c =
-        load_train_config(std::string(BT_SOURCE_DIR) + "/configs/" + name + ".yaml", {});
+    const train::TrainConfig c = load_train_config(test::source_dir() + "/configs/" + name + ".yaml", {});
     EXPECT_EQ(c.preset, name);
   }
-  const train::TrainConfig tiny = load_train_config(std::string(BT_SOURCE_DIR) + "/configs/tiny.yaml", {});
+  const train::TrainConfig tiny = load_train_config(test::source_dir() + "/configs/tiny.yaml", {});
   const train::TrainConfig def = load_train_config("", {});
   EXPECT_EQ(config_to_json(tiny), config_to_json(def))
       << "configs/tiny.yaml must spell out the embedded default";

@@ -15,12 +15,13 @@
 #include <sys/wait.h>
 
 #include "tests/support/fetched_data.h"
+#include "tests/support/paths.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
 namespace {
 
-const std::string kSrc = BT_SOURCE_DIR;
+const std::string kSrc = test::source_dir();
 const std::string kGolden = kSrc + "/tests/launcher/golden/tiny_cpu_fp32";
 
 std::string run(const std::string& cmd, int* status) {
@@ -47,7 +48,7 @@ TEST(FidelityGolden, TinyOnCpuMatchesPyTorchLosses) {
 
   test::TempDir dir("bt_golden");
   int st = 0;
-  const std::string exe = BT_BLUTRAIN_EXE;
+  const std::string exe = test::blutrain_exe();
   std::string out =
       run(exe + " tokenize " + text + " -o " + dir.file("jargon") + " --val-fraction 0.1 --tokenizer " + tok,
           &st);

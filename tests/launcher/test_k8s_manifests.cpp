@@ -22,6 +22,7 @@
 #include "tests/support/error_message.h"
 #include "tests/support/fetched_data.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 
@@ -33,7 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kSrc = BT_SOURCE_DIR;
+const std::string kSrc = test::source_dir();
 
 /// A 2-node, 2-GPU job (4 ranks) on the embedded tiny config.
 const char* kSpec = R"(name: tiny-k8s

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -39,7 +40,7 @@ class Launch : public ::testing::Test {
              "' --set data.val= --set model.n_layer=1 --set model.n_head=2 --set model.n_embd=32"
              " --set model.seq_len=32 --set train.batch_size=4 --set train.micro_batch=2"
              " --set train.device=cpu --set train.sample_tokens=0";
-    exe_ = BT_BLUTRAIN_EXE;
+    exe_ = test::blutrain_exe();
   }
   std::string logs() const { return dir_.file("logs"); }
 

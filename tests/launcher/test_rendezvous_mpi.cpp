@@ -17,6 +17,7 @@
 #include "checkpoint/weights.h"
 #include "tests/support/files.h"
 #include "tests/support/free_port.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -31,7 +32,7 @@ class Rendezvous : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string glob = test::write_token_shards(dir_.path(), "tok", 1, 5000, 50257, 5);
-    train_ = std::string(BT_BLUTRAIN_EXE) + " train --set 'data.train=" + glob +
+    train_ = test::blutrain_exe() + " train --set 'data.train=" + glob +
              "' --set data.val= --set model.n_layer=1 --set model.n_head=2 --set model.n_embd=32"
              " --set model.seq_len=32 --set train.batch_size=4 --set train.micro_batch=2 --set train.steps=2"
              " --set train.device=cpu --set train.sample_tokens=0";
@@ -95,7 +96,7 @@ TEST_F(Rendezvous, IndexedJobRanksWithoutMpirunTrainOnCpuAndMatchMpirun) {
   const std::string glob = test::write_token_shards(dir_.path(), "job", 1, 20'000, 50257, 7);
   // 12 sequences per step: 3 micro-batches of 2 on each of 2 ranks, 2 on each of 3.
   const std::string job =
-      std::string(BT_BLUTRAIN_EXE) + " train --set 'data.train=" + glob +
+      test::blutrain_exe() + " train --set 'data.train=" + glob +
       "' --set data.val= --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=32 --set "
       "model.seq_len=32"
       " --set train.batch_size=12 --set train.micro_batch=2 --set train.steps=6 --set train.warmup_steps=2"

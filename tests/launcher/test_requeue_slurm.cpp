@@ -17,6 +17,7 @@
 
 #include "checkpoint/weights.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -66,7 +67,7 @@ class SlurmJob : public ::testing::Test {
   /// before the commit) that gives the test a moment to preempt the job.
   std::string write_spec(int max_restarts, int pause_s) {
     std::ofstream f(file("job.yaml"));
-    f << "name: bt-requeue\nexecutable: " << BT_BLUTRAIN_EXE << "\nnodes: 1\nranks_per_node: 2\nset:\n";
+    f << "name: bt-requeue\nexecutable: " << test::blutrain_exe() << "\nnodes: 1\nranks_per_node: 2\nset:\n";
     for (const std::string& s : sets_) f << "  - \"" << s << "\"\n";
     f << "  - train.metrics=" << file("job.jsonl") << "\n  - train.save_weights=" << file("job.h5") << "\n"
       << "checkpoint_dir: " << file("ck") << "\ncheckpoint_every: 5\nmax_restarts: " << max_restarts << "\n"
@@ -79,8 +80,8 @@ class SlurmJob : public ::testing::Test {
 
   /// `blutrain slurm submit`; remembers the job id.
   void submit(const std::string& spec) {
-    const test::CommandResult r = run_command(std::string(BT_BLUTRAIN_EXE) + " slurm submit " + spec +
-                                              " --script " + file("job.sbatch"));
+    const test::CommandResult r =
+        run_command(test::blutrain_exe() + " slurm submit " + spec + " --script " + file("job.sbatch"));
     ASSERT_EQ(r.status, 0) << r.out;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.out, m, std::regex("submitted job (\\d+)"))) << r.out;
@@ -133,7 +134,7 @@ class SlurmJob : public ::testing::Test {
 
 TEST_F(SlurmJob, PreemptedJobRequeuesResumesAndMatchesAnUninterruptedRun) {
   // The uninterrupted run: the same training config on 2 ranks, no checkpoints.
-  std::string ref = test::mpirun_prefix(2) + BT_BLUTRAIN_EXE + " train";
+  std::string ref = test::mpirun_prefix(2) + test::blutrain_exe() + " train";
   for (const std::string& s : sets_) ref += " --set " + test::shell_quote(s);
   test::CommandResult r =
       run_command(ref + " --metrics " + file("ref.jsonl") + " --save-weights " + file("ref.h5"));

@@ -17,6 +17,7 @@
 
 #include "checkpoint/weights.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -45,7 +46,7 @@ class Supervised : public ::testing::Test {
 
   /// Starts `blutrain launch ARGS -- train ... EXTRA` in the background; output in launch.out.
   void start(const std::string& env, const std::string& args, const std::string& extra) {
-    const std::string cmd = test::mpirun_prefix(1) + env + " " + BT_BLUTRAIN_EXE +
+    const std::string cmd = test::mpirun_prefix(1) + env + " " + test::blutrain_exe() +
                             " launch --nproc 2 --log-dir " + file("logs") + " " + args + " --" + train_ +
                             " " + extra + " >" + file("launch.out") + " 2>&1; echo $? >" + file("status");
     job_ = std::thread([cmd] { (void)std::system(cmd.c_str()); });
@@ -90,7 +91,7 @@ class Supervised : public ::testing::Test {
 
 TEST_F(Supervised, ARankKilledOnceIsRestartedAndTheRunEndsWithTheUninterruptedWeights) {
   test::CommandResult r =
-      test::run_command(test::mpirun_prefix(2) + BT_BLUTRAIN_EXE + train_ + " --metrics " +
+      test::run_command(test::mpirun_prefix(2) + test::blutrain_exe() + train_ + " --metrics " +
                         file("ref.jsonl") + " --save-weights " + file("ref.h5"));
   ASSERT_EQ(r.status, 0) << r.out;
 
@@ -145,7 +146,7 @@ TEST_F(Supervised, ARankKilledThreeTimesStopsAfterTwoRestarts) {
 // launcher passes on without restarting; the job then resumes from step 11
 // and ends with the weights of an uninterrupted run.
 TEST_F(Supervised, AStopRequestToOneRankStopsEveryRankAfterACheckpoint) {
-  test::CommandResult r = test::run_command(test::mpirun_prefix(2) + BT_BLUTRAIN_EXE + train_ +
+  test::CommandResult r = test::run_command(test::mpirun_prefix(2) + test::blutrain_exe() + train_ +
                                             " --save-weights " + file("ref.h5"));
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string ck = " --set checkpoint.dir=" + file("ck") + " --set checkpoint.every=5";
@@ -167,8 +168,8 @@ TEST_F(Supervised, AStopRequestToOneRankStopsEveryRankAfterACheckpoint) {
   EXPECT_EQ(out.find("restart 1 of 2"), std::string::npos) << out;
   EXPECT_EQ(test::read_file(file("ck") + "/latest"), "step_00000011\n");
 
-  r = test::run_command(test::mpirun_prefix(2) + BT_BLUTRAIN_EXE + train_ + ck + " --set train.resume=auto" +
-                        " --save-weights " + file("job.h5"));
+  r = test::run_command(test::mpirun_prefix(2) + test::blutrain_exe() + train_ + ck +
+                        " --set train.resume=auto" + " --save-weights " + file("job.h5"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + file("ck") + "/step_00000011"), std::string::npos) << r.out;
   const test::WeightDiff d =

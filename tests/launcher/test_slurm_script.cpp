@@ -12,6 +12,7 @@
 #include "launcher/jobspec.h"
 #include "launcher/slurm_script.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 
@@ -167,7 +168,7 @@ TEST_F(SlurmScript, EveryMistakeInASpecIsNamed) {
 // Note [Batch split]: the job's rank count picks the micro-batch when the
 // spec is rendered, and says so; a batch the ranks cannot share fails there.
 TEST_F(SlurmScript, TheBatchSplitIsChosenAtRenderTime) {
-  const std::string exe = BT_BLUTRAIN_EXE;
+  const std::string exe = test::blutrain_exe();
   const std::string fits = spec(
       "name: j\nnodes: 1\nranks_per_node: 4\ncheckpoint_dir: /ck\n"
       "set: [train.batch_size=8, train.micro_batch=8]\n");
@@ -189,7 +190,7 @@ TEST_F(SlurmScript, TheBatchSplitIsChosenAtRenderTime) {
 }
 
 TEST_F(SlurmScript, TheCommandRendersAndRefusesBadUsage) {
-  const std::string exe = BT_BLUTRAIN_EXE;
+  const std::string exe = test::blutrain_exe();
   const std::string path = spec(kGpuJob);
   test::CommandResult r = test::run_command(exe + " slurm render " + path + " -o " + dir_.file("out.sbatch"));
   ASSERT_EQ(r.status, 0) << r.out;

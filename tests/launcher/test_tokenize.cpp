@@ -20,6 +20,7 @@
 #include "runtime/data/shard.h"
 #include "tests/support/fetched_data.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -38,7 +39,7 @@ class TokenizeCmd : public ::testing::Test {
   // Runs `blutrain tokenize ARGS` (ARGS already quoted as needed).
   Result tokenize(const std::string& args) {
     const std::string out = tmp_.file("stdout"), err = tmp_.file("stderr");
-    const std::string cmd = test::shell_quote(BT_BLUTRAIN_EXE) + " tokenize " + args + " >" +
+    const std::string cmd = test::shell_quote(test::blutrain_exe()) + " tokenize " + args + " >" +
                             test::shell_quote(out) + " 2>" + test::shell_quote(err);
     const int status = std::system(cmd.c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, test::read_file(out), test::read_file(err)};
@@ -158,8 +159,8 @@ TEST_F(TokenizeCmd, PrepareJargonScriptJoinsParagraphs) {
          "   that carries   a sample. \n"
          "\n\n";
   const std::string cmd = "DATA_DIR=" + test::shell_quote(data) + " " +
-                          test::shell_quote(std::string(BT_SOURCE_DIR) + "/scripts/prepare-jargon") + " " +
-                          test::shell_quote(BT_BLUTRAIN_EXE) + " >" +
+                          test::shell_quote(test::source_dir() + "/scripts/prepare-jargon") + " " +
+                          test::shell_quote(test::blutrain_exe()) + " >" +
                           test::shell_quote(tmp_.file("prep.log")) + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << test::read_file(tmp_.file("prep.log"));
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "tests/support/fetched_data.h"
+#include "tests/support/paths.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
 
@@ -22,7 +23,7 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(BT_BLUTRAIN_EXE) + " " + args + " 2>&1";
+  const std::string cmd = test::blutrain_exe() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   Result r{-1, ""};
   char buf[4096];

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 
 #include "checkpoint/weights.h"
+#include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -36,7 +37,7 @@ class TrainDist : public ::testing::Test {
     glob_ = test::write_token_shards(dir_.path(), "tok", 2, 20'000, 50257, 7);
     // A small GPT (2 x 64, T 64) so 4 ranks on 2 cores stay quick; 8 sequences
     // per step in micro-batches of 2: 4 micro-steps on 1 rank, 2 on 2, 1 on 4.
-    base_ = std::string(BT_BLUTRAIN_EXE) + " train --set 'data.train=" + glob_ +
+    base_ = test::blutrain_exe() + " train --set 'data.train=" + glob_ +
             "' --set data.val= --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=64"
             " --set model.seq_len=64 --set train.steps=20 --set train.batch_size=8 --set train.micro_batch=2"
             " --set train.device=cpu --set train.deterministic=true --set train.sample_tokens=0"

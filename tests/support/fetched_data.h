@@ -9,13 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/paths.h"
+
 namespace bt::test {
 
 /// The fetched-data folder: $DATA_DIR when set (as for scripts/fetch-data),
 /// else data/ at the repository root.
 inline std::string data_dir() {
   if (const char* d = std::getenv("DATA_DIR"); d && *d) return d;
-  return std::string(BT_SOURCE_DIR) + "/data";
+  return source_dir() + "/data";
 }
 
 /// True when BT_REQUIRE_DATA is set to anything but "" or "0".

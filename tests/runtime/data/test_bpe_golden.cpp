@@ -21,6 +21,7 @@
 #include "runtime/data/unicode.h"
 #include "tests/support/fetched_data.h"
 #include "tests/support/files.h"
+#include "tests/support/paths.h"
 #include "tests/support/temp_dir.h"
 
 namespace bt {
@@ -67,8 +68,8 @@ class Golden : public ::testing::Test {
   void compare_with_node(const std::vector<std::string>& docs) {
     test::TempDir tmp("bt_bpe_golden");
     std::string cmd = "node " +
-                      test::shell_quote(std::string(BT_SOURCE_DIR) + "/tests/runtime/data/encode_golden.js") +
-                      " " + test::shell_quote(dir());
+                      test::shell_quote(test::source_dir() + "/tests/runtime/data/encode_golden.js") + " " +
+                      test::shell_quote(dir());
     size_t bytes = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
       const std::string f = tmp.file("doc" + std::to_string(d) + ".txt");
