@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -210,17 +212,41 @@ TEST_F(LoaderTest, RestoreRejectsInvalidState) {
 }
 
 TEST_F(LoaderTest, DestructorWithFullQueueDoesNotHang) {
+  // Note [A hang fails within the test's own bound]: the loaders are made and
+  // destroyed on a thread of their own, and the test waits for it at most
+  // kBound (these loaders take well under a second), so a destructor that
+  // never wakes its worker fails here, naming the cause, instead of at
+  // ctest's 600 s timeout. On timeout the thread is detached, not joined: it
+  // is blocked for good, and joining it (or a std::async future's destructor)
+  // would hang the test after all. Detached, it stays blocked until the
+  // process exits, and the other tests of this executable still run.
+  constexpr auto kBound = std::chrono::seconds(30);
   const std::string g = write_shards({5000});
-  for (int i = 0; i < 10; ++i) {
-    TokenLoader loader(g, 4, 16);
-    if (i % 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // queue fills
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  std::thread churn([g, done] {  // captures by value: it may outlive this test
+    try {
+      for (int i = 0; i < 10; ++i) {
+        TokenLoader loader(g, 4, 16);
+        if (i % 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // queue fills
+      }
+      {
+        TokenLoader loader(g, 4, 16);
+        loader.next();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  });
+  if (finished.wait_for(kBound) != std::future_status::ready) {
+    churn.detach();
+    FAIL() << "making and destroying 11 TokenLoaders did not finish within " << kBound.count()
+           << " s: ~TokenLoader must wake its prefetch worker (blocked on a full queue) and join it";
   }
-  {
-    TokenLoader loader(g, 4, 16);
-    loader.next();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  SUCCEED();
+  churn.join();
+  EXPECT_NO_THROW(finished.get());
 }
 
 TEST_F(LoaderTest, WorkerErrorsAreRethrownFromNext) {
