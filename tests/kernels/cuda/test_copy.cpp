@@ -8,6 +8,7 @@
 
 #include "kernels/copy.h"
 #include "tests/kernels/cuda/gpu_test_util.h"
+#include "tests/kernels/strided_view.h"
 
 namespace bt::test::gpu {
 namespace {
@@ -42,31 +43,8 @@ HostBuf source_values(DType dt, int64_t n, std::mt19937& gen) {
   return h;
 }
 
-struct LayoutCase {
-  std::vector<int64_t> shape, strides;
-  int64_t offset;  // element offset into the source
-};
-
-StridedLayout make_layout(const LayoutCase& c) {
-  StridedLayout l;
-  l.ndim = static_cast<int>(c.shape.size());
-  for (int d = 0; d < l.ndim; ++d) {
-    l.shape[d] = c.shape[d];
-    l.strides[d] = c.strides[d];
-  }
-  return l;
-}
-
-/// Elements the source buffer needs so every offset of `c` is in range.
-int64_t source_extent(const LayoutCase& c) {
-  int64_t hi = c.offset;
-  for (size_t d = 0; d < c.shape.size(); ++d)
-    if (c.shape[d] > 0 && c.strides[d] > 0) hi += (c.shape[d] - 1) * c.strides[d];
-  return hi + 1;
-}
-
-const std::vector<LayoutCase>& layout_cases() {
-  static const std::vector<LayoutCase> cases = {
+const std::vector<StridedView>& layout_cases() {
+  static const std::vector<StridedView> cases = {
       {{}, {}, 0},                           // scalar
       {{1}, {1}, 0},                         //
       {{37}, {1}, 0},                        // contiguous
@@ -87,13 +65,12 @@ TEST(CudaCopy, StridedCopyAllDtypePairsBitwise) {
   std::mt19937 gen(seed);
   for (DType src_dt : kAllDTypes) {
     for (DType dst_dt : kAllDTypes) {
-      for (const LayoutCase& lc : layout_cases()) {
+      for (const StridedView& lc : layout_cases()) {
         SCOPED_TRACE(::testing::Message() << dtype_name(src_dt) << " -> " << dtype_name(dst_dt) << " ndim "
                                           << lc.shape.size() << " offset " << lc.offset);
-        const StridedLayout l = make_layout(lc);
-        int64_t n = 1;
-        for (int64_t s : lc.shape) n *= s;
-        const HostBuf src = source_values(src_dt, source_extent(lc), gen);
+        const StridedLayout l = lc.layout();
+        const int64_t n = lc.numel();
+        const HostBuf src = source_values(src_dt, lc.extent(), gen);
         const size_t es_src = dtype_size(src_dt), es_dst = dtype_size(dst_dt);
         HostBuf ref(dst_dt, n);
         cpu::strided_copy(src_dt, static_cast<const unsigned char*>(src.data()) + lc.offset * es_src, l,
