@@ -65,14 +65,16 @@ class FailureScanner {
     std::smatch m;
     static const std::regex sig(
         R"(process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?)");
-    static const std::regex abort_re(R"(MPI_ABORT was invoked on rank (\d+) .* errorcode (-?\d+))");
+    // Open MPI 4.1 puts "with errorcode N." on the line after this one.
+    static const std::regex abort_re(R"(MPI_ABORT was invoked on rank (\d+)(?: .* errorcode (-?\d+))?)");
     static const std::regex name(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
     static const std::regex code(R"(Exit code:\s+(-?\d+))");
     if (std::regex_search(l, m, sig))
       set(std::stoi(m[1]),
           "was killed by signal " + m[2].str() + (m[3].matched ? " (" + m[3].str() + ")" : ""));
     else if (std::regex_search(l, m, abort_re))
-      set(std::stoi(m[1]), "stopped the job after an error (MPI_Abort, code " + m[2].str() + ")");
+      set(std::stoi(m[1]), "stopped the job after an error (MPI_Abort" +
+                               (m[2].matched ? ", code " + m[2].str() : std::string()) + ")");
     else if (std::regex_search(l, m, name))
       pending_rank_ = std::stoi(m[1]);
     else if (pending_rank_ >= 0 && std::regex_search(l, m, code))
@@ -177,6 +179,23 @@ std::string hang_report(const Options& o, double quiet_s) {
   return out;
 }
 
+/// The first rank whose log has the line `blutrain CMD: error on rank R of N:`
+/// (launcher/main.cpp), for a failed job whose failed rank mpirun did not
+/// name: Open MPI 4.1 sometimes loses its MPI_ABORT report while it tears the
+/// job down ("ORTE_ERROR_LOG: Data unpack would read past end of buffer in
+/// file orte/util/show_help.c"; measured: 2 jobs in 5).
+std::optional<Failure> failure_from_logs(const Options& o) {
+  static const std::regex error_re(R"(: error on rank (\d+) of \d+: )");
+  for (int r = 0; r < o.nproc; ++r) {
+    std::ifstream f(rank_base(o, r) + ".log");
+    std::smatch m;
+    for (std::string l; std::getline(f, l);)
+      if (std::regex_search(l, m, error_re) && std::stoi(m[1]) == r)
+        return Failure{r, "stopped the job after an error"};
+  }
+  return std::nullopt;
+}
+
 /// Runs mpirun with `args` until it ends, forwarding its stderr, naming the
 /// first failed rank, and watching the heartbeats.
 Outcome run_once(const std::vector<std::string>& args, const Options& o) {
@@ -256,6 +275,7 @@ Outcome run_once(const std::vector<std::string>& args, const Options& o) {
   g_child = 0;
   out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   out.failure = scan.failure();
+  if (!out.failure && out.hang.empty() && out.code != 0) out.failure = failure_from_logs(o);
   return out;
 }
 

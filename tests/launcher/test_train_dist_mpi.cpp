@@ -1,7 +1,10 @@
 // `blutrain train` under real `mpirun -np 2|4` (oversubscribed): with the same
 // global batch, the per-step losses and the final weights of a job match
 // one process's for ddp, zero1, zero2 and zero3; a rank that fails ends the
-// whole job with its message.
+// whole job with its message, also when it is one rank failing while the
+// others wait for it in a collective (Note [One failing rank]; over NCCL on
+// a machine with 2 GPUs).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +17,9 @@
 #include <sys/wait.h>
 
 #include "checkpoint/weights.h"
+#include "runtime/core/device.h"
+#include "runtime/data/shard.h"
+#include "tests/support/files.h"
 #include "tests/support/paths.h"
 #include "tests/support/run_command.h"
 #include "tests/support/temp_dir.h"
@@ -123,6 +129,95 @@ TEST_F(TrainDist, AFailingRankEndsTheJobWithItsMessage) {
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("missing_"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("error on rank"), std::string::npos) << r.out;
+}
+
+// Note [One failing rank]: the failure users meet is one rank throwing while
+// the others wait for it inside a collective. Here a stretch of the training
+// data that only rank 1 reads holds a token outside the vocabulary: with
+// data.shuffle=false, rank r's micro-batch at loader position p is windows
+// (p * world + r) * micro_batch onwards, and step 3's first micro-batch is
+// position 2 * accum = 4 (2 ranks of 2 micro-batches of 2 for 8 sequences),
+// so rank 1 reads windows 18 and 19 there, and no rank reads them before.
+// Rank 1's embedding throws in step 3; rank 0, whose windows are good, goes on
+// into step 3's first collective (ddp: the gradient all-reduce; zero3: a
+// unit's all-gather) and waits there for rank 1. The job must end within a
+// bound, not at the test's timeout, with rank 1's number and message.
+class OneFailingRank : public TrainDist {
+ protected:
+  static constexpr int64_t kT = 64, kBadWindow = 18, kBadPosition = 10;
+  static constexpr uint16_t kBadToken = 65535;  // > 50304, the padded vocabulary
+
+  void SetUp() override {
+    TrainDist::SetUp();
+    // Token kBadPosition of window 18 of the first shard (its inputs are tokens 18 T .. 18 T + T - 1).
+    const std::string shard = dir_.file("tok_000000.bin");
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << shard;
+    f.seekp(kShardHeaderBytes + 2 * (kBadWindow * kT + kBadPosition));
+    f.write(reinterpret_cast<const char*>(&kBadToken), sizeof kBadToken);
+    ASSERT_TRUE(f.good()) << shard;
+  }
+
+  /// `blutrain train` on 2 ranks of `device` with `strategy`, through `blutrain
+  /// launch` or a bare mpirun, under `timeout` so that a hang cannot hang the
+  /// test; returns its result and sets `secs` to how long it took.
+  Result run_job(const std::string& device, const std::string& strategy, bool launch, double& secs) {
+    const std::string sets = " --set data.shuffle=false --set train.device=" + device +
+                             " --set dist.strategy=" + strategy + " --metrics " + file(strategy + ".jsonl");
+    const std::string exe = test::blutrain_exe(), train = base_.substr(exe.size()) + sets;  // " train ..."
+    const std::string cmd = launch ? test::mpirun_prefix(1) + exe + " launch --nproc 2 --log-dir " +
+                                         file("logs_" + strategy) + " --" + train
+                                   : test::mpirun_prefix(2) + exe + train;
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = run("timeout -k 10 " + std::to_string(kTimeoutS) + " env " + cmd);  // cmd: VAR=... exe ...
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  /// Both ways of running a job: a bare mpirun (ddp), whose output has every
+  /// rank's stderr, and `blutrain launch` (zero3), which names the rank and
+  /// shows the end of its log, and whose heartbeats show where rank 0 was.
+  void expect_job_ends_with_rank_1s_message(const std::string& device) {
+    const std::string message = "error on rank 1 of 2: ";
+    const std::string why = "index " + std::to_string(kBadToken) + " at position " +
+                            std::to_string(kBadPosition) + " is outside [0, 50304)";
+    for (const bool launch : {false, true}) {
+      const std::string strategy = launch ? "zero3" : "ddp", tag = device + " " + strategy;
+      double secs = 0;
+      const Result r = run_job(device, strategy, launch, secs);
+      EXPECT_NE(r.status, 0) << tag << "\n" << r.out;
+      EXPECT_LT(secs, kBoundS) << tag << ": the job did not end after rank 1 failed\n" << r.out;
+      EXPECT_NE(r.out.find(message), std::string::npos) << tag << "\n" << r.out;
+      EXPECT_NE(r.out.find(why), std::string::npos) << tag << "\n" << r.out;
+      EXPECT_EQ(r.out.find("error on rank 0"), std::string::npos) << tag << ": rank 0 did not fail\n"
+                                                                  << r.out;
+      // Rank 0 finished steps 1 and 2 and was in step 3 when the job ended.
+      EXPECT_EQ(test::jsonl_rows(file(strategy + ".jsonl")).size(), 2u) << tag << "\n" << r.out;
+      if (launch) {
+        EXPECT_NE(r.out.find("blutrain launch: rank 1 stopped the job after an error"), std::string::npos)
+            << tag << "\n"
+            << r.out;
+        const std::string status = test::read_file(file("logs_" + strategy) + "/rank-0.status");
+        EXPECT_NE(status.find(" training step 3 of 20"), std::string::npos) << tag << ": " << status;
+      }
+      std::printf("%s (%s): the job ended %.1f s after it started\n", tag.c_str(),
+                  launch ? "blutrain launch" : "mpirun", secs);
+    }
+  }
+
+  static constexpr int kTimeoutS = 120;  // the test's own limit: a hung job fails it, never hangs it
+  static constexpr double kBoundS = 60;  // a normal run of this job ends in a few seconds
+};
+
+TEST_F(OneFailingRank, EndsTheJobWithItsMessageWhileTheOtherWaitsInACollective) {
+  expect_job_ends_with_rank_1s_message("cpu");
+}
+
+// The same over NCCL, one GPU per rank (the GPU machine; skipped elsewhere).
+TEST_F(OneFailingRank, EndsANcclJobWithItsMessageWhileTheOtherWaitsInACollective) {
+  if (cuda_device_count() < 2)
+    GTEST_SKIP() << "needs 2 GPUs, one per rank; this machine has " << cuda_device_count();
+  expect_job_ends_with_rank_1s_message("cuda");
 }
 
 }  // namespace
