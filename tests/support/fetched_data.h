@@ -1,6 +1,8 @@
 // Tests that use data fetched by scripts/fetch-data (or node): where it is, and
 // what to do when it is missing. They skip, unless BT_REQUIRE_DATA=1 (set by
-// scripts/test, which fetches the data first), in which case they fail.
+// scripts/test, which fetches the data first), in which case they fail. Other
+// BT_REQUIRE_* switches (required()) do the same for what a test needs of the
+// machine: BT_REQUIRE_TMPFS (scripts/test sets it as root).
 #pragma once
 
 #include <cstdlib>
@@ -20,11 +22,15 @@ inline std::string data_dir() {
   return source_dir() + "/data";
 }
 
-/// True when BT_REQUIRE_DATA is set to anything but "" or "0".
-inline bool data_required() {
-  const char* r = std::getenv("BT_REQUIRE_DATA");
+/// True when the environment variable `name` (a BT_REQUIRE_* switch) is set
+/// to anything but "" or "0".
+inline bool required(const char* name) {
+  const char* r = std::getenv(name);
   return r && *r && std::string(r) != "0";
 }
+
+/// True when BT_REQUIRE_DATA is set to anything but "" or "0".
+inline bool data_required() { return required("BT_REQUIRE_DATA"); }
 
 /// True when `node` runs.
 inline bool node_available() { return std::system("node --version >/dev/null 2>&1") == 0; }
