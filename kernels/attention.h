@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <ostream>
 
 #include "kernels/common/dtype.h"
 #ifdef BT_CUDA
@@ -66,6 +67,25 @@ struct AttnBackward {
   void* dv = nullptr;
   AttnStrides sdv;
 };
+
+/// The CUDA implementations of attention (kernels/cuda/attention.cu dispatches):
+enum class AttnPath {
+  TensorCore,  // BF16 on the tensor cores, mma.sync (kernels/cuda/attention_mma.cu)
+  F32Tiled,    // F32, register-tiled strict fp32 (kernels/cuda/attention_f32.cu)
+  Simt,        // the one-row-per-lane SIMT kernels: every call the other two do not take
+};
+/// "tensor-core", "f32-tiled" or "simt".
+const char* name_of(AttnPath p);
+inline std::ostream& operator<<(std::ostream& os, AttnPath p) { return os << name_of(p); }
+
+namespace cuda {
+/// The implementation cuda::attention_forward / attention_backward runs for `a`
+/// (they switch on these). Host code on the call's description only -- dtype,
+/// D, scale, pointers and strides -- compiled in every build, CUDA or not
+/// (kernels/common/attention_path.cpp), so the choice is tested without a GPU.
+AttnPath attention_forward_path(const AttnForward& a);
+AttnPath attention_backward_path(const AttnBackward& a);
+}  // namespace cuda
 
 namespace cpu {
 void attention_forward(const AttnForward& a);

@@ -1,7 +1,9 @@
 // CUDA causal flash-style attention: dispatch, and the one-row-per-lane SIMT
-// kernels (fp32 accumulation) that serve every case the two fast paths do not:
-//   - BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), scale > 0
-//     and 16-byte aligned rows: the tensor cores, kernels/cuda/attention_mma.cu;
+// kernels (fp32 accumulation) that serve every case the two fast paths do not.
+// attention_*_path (kernels/common/attention_path.cpp, host code in every
+// build) picks the implementation:
+//   - BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), a finite
+//     scale > 0 and 16-byte aligned rows: the tensor cores, kernels/cuda/attention_mma.cu;
 //   - F32 with D in {32, 64}, a finite scale and 16-byte aligned rows: the
 //     register-tiled strict-fp32 kernels, kernels/cuda/attention_f32.cu.
 // Both compute the backward's Di in their dQ pass, into the same scratch.
@@ -327,13 +329,15 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
     if (g.B * g.H * g.T == 0) return;
     BT_CHECK(a.q && a.k && a.v && a.o, "cuda attention_forward: null q, k, v or o");
     BT_CHECK(g.D >= 1, "cuda attention_forward: head dim D must be at least 1");
-    if (detail::attention_forward_mma_ok(a)) {
-      detail::attention_forward_mma(a, stream);
-      return;
-    }
-    if (detail::attention_forward_f32_ok(a)) {
-      detail::attention_forward_f32(a, stream);
-      return;
+    switch (attention_forward_path(a)) {
+      case AttnPath::TensorCore:
+        detail::attention_forward_mma(a, stream);
+        return;
+      case AttnPath::F32Tiled:
+        detail::attention_forward_f32(a, stream);
+        return;
+      case AttnPath::Simt:
+        break;
     }
     with_dp(padded_d(g.D), [&](auto dpc) {
       constexpr int DP = decltype(dpc)::value;
@@ -364,13 +368,15 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
              "floats)");
     const int64_t rows = g.B * g.H * g.T;
     BT_CHECK(ceil_div(rows, 8) < INT_MAX, "cuda attention_backward: too many rows");
-    if (detail::attention_backward_mma_ok(a)) {
-      detail::attention_backward_mma(a, scratch, stream);  // computes Di itself
-      return;
-    }
-    if (detail::attention_backward_f32_ok(a)) {
-      detail::attention_backward_f32(a, scratch, stream);  // computes Di itself
-      return;
+    switch (attention_backward_path(a)) {
+      case AttnPath::TensorCore:
+        detail::attention_backward_mma(a, scratch, stream);  // computes Di itself
+        return;
+      case AttnPath::F32Tiled:
+        detail::attention_backward_f32(a, scratch, stream);  // computes Di itself
+        return;
+      case AttnPath::Simt:
+        break;
     }
     attn_bwd_dot_kernel<T><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(a, g, scratch);
     BT_KERNEL_CHECK();

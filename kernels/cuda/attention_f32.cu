@@ -1,8 +1,8 @@
 // Causal attention in strict fp32 (FFMA only: no TF32, no tensor cores),
 // register-tiled like a SIMT GEMM, in the FlashAttention-2 form. Dispatched
 // from kernels/cuda/attention.cu for F32 with D in {32, 64}, a finite scale and
-// 16-byte aligned rows (attention_*_f32_ok); the one-row-per-lane SIMT kernels
-// there handle everything else.
+// 16-byte aligned rows (attention_*_path, kernels/attention.h); the
+// one-row-per-lane SIMT kernels there handle everything else.
 //
 // Thread layout (every kernel here). A block of NW warps owns BM = 2 NW RM
 // "rows" (queries in the forward and the dQ pass, keys in the dK/dV pass) and
@@ -591,16 +591,6 @@ constexpr int kFwd32Blocks = 3;
 using Bwd32 = Cfg<32, 8, 4, 4, 2>;
 
 }  // namespace
-
-bool attention_forward_f32_ok(const AttnForward& a) {
-  return a.dt == DType::F32 && (a.shape.D == 32 || a.shape.D == 64) && std::isfinite(a.scale) &&
-         rows_aligned16<float>(a);
-}
-
-bool attention_backward_f32_ok(const AttnBackward& a) {
-  return a.dt == DType::F32 && (a.shape.D == 32 || a.shape.D == 64) && std::isfinite(a.scale) &&
-         rows_aligned16<float>(a);
-}
 
 void attention_forward_f32(const AttnForward& a, cudaStream_t stream) {
   switch (a.shape.D) {

@@ -10,13 +10,9 @@
 
 namespace bt::kernels::cuda::detail {
 
-/// True when the tiled fp32 forward handles `a`: F32, D in {32, 64}, a finite
-/// scale, and every row of q, k, v, o starts on a 16-byte boundary (aligned
-/// pointers, b/h/t strides multiples of 4 elements).
-bool attention_forward_f32_ok(const AttnForward& a);
-/// Same for the backward (q, k, v, o, dout, dq, dk, dv).
-bool attention_backward_f32_ok(const AttnBackward& a);
-
+/// Run when attention_forward_path / attention_backward_path (kernels/attention.h)
+/// say AttnPath::F32Tiled: F32, D in {32, 64}, a finite scale, every row of
+/// every view on a 16-byte boundary.
 void attention_forward_f32(const AttnForward& a, cudaStream_t stream);
 /// The dQ pass (which also writes Di = rowsum(dO * O) into `di`, [B, H, T]
 /// floats: the backward's scratch), then the dK/dV pass.

@@ -1,8 +1,9 @@
 // Causal attention on the tensor cores (BF16, fp32 accumulation), in the
 // FlashAttention-2 form, with mma.sync.m16n8k16 + ldmatrix + cp.async
 // (kernels/cuda/mma.cuh has the PTX and the fragment layouts). Dispatched from
-// kernels/cuda/attention.cu when attention_*_mma_ok() says the rows are 16-byte
-// aligned and D is supported; the SIMT kernels there handle everything else.
+// kernels/cuda/attention.cu when attention_*_path() (kernels/attention.h) says
+// the rows are 16-byte aligned and D is supported; the SIMT kernels there
+// handle everything else.
 //
 // Shared-memory tiles. Every tile is [rows][D] bf16, row-major, loaded with
 // 16-byte cp.async (rows past T are zero-filled). The 16-byte chunk c of row r
@@ -660,18 +661,6 @@ void launch_dq(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
 }
 
 }  // namespace
-
-bool attention_forward_mma_ok(const AttnForward& a) {
-  const int64_t D = a.shape.D;
-  return a.dt == DType::BF16 && (D == 32 || D == 64 || D == 128) && a.scale > 0.0f && !std::isinf(a.scale) &&
-         rows_aligned16<bf16_t>(a);
-}
-
-bool attention_backward_mma_ok(const AttnBackward& a) {
-  const int64_t D = a.shape.D;
-  return a.dt == DType::BF16 && (D == 32 || D == 64) && a.scale > 0.0f && !std::isinf(a.scale) &&
-         rows_aligned16<bf16_t>(a);
-}
 
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
   switch (a.shape.D) {

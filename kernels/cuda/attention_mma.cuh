@@ -9,13 +9,9 @@
 
 namespace bt::kernels::cuda::detail {
 
-/// True when the tensor-core forward handles `a`: BF16, D in {32, 64, 128}, a
-/// finite scale > 0, and every row of q, k, v, o starts on a 16-byte boundary
-/// (aligned pointers, b/h/t strides multiples of 8 elements).
-bool attention_forward_mma_ok(const AttnForward& a);
-/// Same for the backward (D in {32, 64}; q, k, v, o, dout, dq, dk, dv).
-bool attention_backward_mma_ok(const AttnBackward& a);
-
+/// Run when attention_forward_path / attention_backward_path (kernels/attention.h)
+/// say AttnPath::TensorCore: BF16, D in {32, 64, 128} (backward {32, 64}), a
+/// finite scale > 0, every row of every view on a 16-byte boundary.
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream);
 /// The dQ pass (which also writes Di = rowsum(dO * O) into `di`, [B, H, T]
 /// floats: the backward's scratch), then the dK/dV pass.

@@ -1,7 +1,7 @@
 // What the two tiled causal-attention implementations share (the tensor-core
 // bf16 one, attention_mma.cu, and the strict-fp32 one, attention_f32.cu): the
-// kernel parameter blocks, filling them from AttnForward/AttnBackward, the
-// 16-byte row-alignment test behind attention_*_ok(), and the launch.
+// kernel parameter blocks, filling them from AttnForward/AttnBackward, and the
+// launch. (Which calls they take: kernels/common/attention_path.cpp.)
 // Included by those two .cu files only.
 #pragma once
 
@@ -81,31 +81,6 @@ inline AttnBwdParams<E> bwd_params(const AttnBackward& a, float* di) {
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
   return p;
-}
-
-/// Every [b, h, t] row of a view of E elements starts on a 16-byte boundary
-/// (strides of size-1 dims do not matter).
-template <class E>
-inline bool rows_aligned16(const void* ptr, const AttnStrides& s, const AttnShape& sh) {
-  constexpr int64_t n = 16 / sizeof(E);
-  return ptr != nullptr && aligned_to(ptr, 16) && (sh.B == 1 || s.b % n == 0) &&
-         (sh.H == 1 || s.h % n == 0) && (sh.T == 1 || s.t % n == 0);
-}
-
-template <class E>
-inline bool rows_aligned16(const AttnForward& a) {
-  const AttnShape& s = a.shape;
-  return rows_aligned16<E>(a.q, a.sq, s) && rows_aligned16<E>(a.k, a.sk, s) &&
-         rows_aligned16<E>(a.v, a.sv, s) && rows_aligned16<E>(a.o, a.so, s);
-}
-
-template <class E>
-inline bool rows_aligned16(const AttnBackward& a) {
-  const AttnShape& s = a.shape;
-  return rows_aligned16<E>(a.q, a.sq, s) && rows_aligned16<E>(a.k, a.sk, s) &&
-         rows_aligned16<E>(a.v, a.sv, s) && rows_aligned16<E>(a.o, a.so, s) &&
-         rows_aligned16<E>(a.dout, a.sdo, s) && rows_aligned16<E>(a.dq, a.sdq, s) &&
-         rows_aligned16<E>(a.dk, a.sdk, s) && rows_aligned16<E>(a.dv, a.sdv, s);
 }
 
 /// One block per (b, h, tile).

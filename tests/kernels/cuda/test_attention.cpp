@@ -1,10 +1,13 @@
 // GPU causal attention forward/backward against the CPU kernels: T not a
 // multiple of the tiles, several head dims, contiguous and fused-QKV strides.
-// The TensorCore* tests aim at the bf16 mma.sync path (D in {32, 64, 128},
-// 16-byte aligned rows) and the F32Tiled* tests at the register-tiled strict
+// The TensorCore* tests run the bf16 mma.sync path (D in {32, 64, 128},
+// 16-byte aligned rows) and the F32Tiled* tests the register-tiled strict
 // fp32 path (D in {32, 64}, 16-byte aligned rows), each against the CPU
-// float64 kernels on the same values, plus their determinism and the SIMT
-// fallback for unaligned rows.
+// float64 kernels on the same values, plus their determinism; the Simt* and
+// Unaligned* tests run the SIMT fallback, also on shapes the fast paths take.
+// A test named after a path first asserts that its calls take that path
+// (cuda::attention_*_path, which the dispatcher switches on; its host test is
+// tests/kernels/common/test_attention_path.cpp).
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -20,6 +23,7 @@ namespace cpu = kernels::cpu;
 namespace cuda = kernels::cuda;
 using kernels::AttnBackward;
 using kernels::AttnForward;
+using kernels::AttnPath;
 using kernels::AttnShape;
 using kernels::AttnStrides;
 
@@ -150,21 +154,30 @@ TEST(CudaAttention, MatchesCpu) {
   }
 }
 
-/// Fused [B, T, 3, H, D] q/k/v (each t-row padded by `t_pad` elements) in `dt`
-/// (bf16 or f32) on the GPU; the CPU float64 kernels on the same values are the
-/// reference. The GPU backward consumes the GPU forward's o and lse, as in
-/// training. Gradients land in a fused buffer of the same layout. `scale` 0
-/// means 1 / sqrt(D).
-void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t_pad = 0,
-                DType dt = DType::BF16, float scale = 0.0f) {
+/// The paths a forward and a backward call must take.
+struct Paths {
+  AttnPath fwd, bwd;
+};
+constexpr Paths kTensorCore{AttnPath::TensorCore, AttnPath::TensorCore};
+constexpr Paths kF32Tiled{AttnPath::F32Tiled, AttnPath::F32Tiled};
+constexpr Paths kSimt{AttnPath::Simt, AttnPath::Simt};
+
+/// Fused [B, T, 3, H, D] q/k/v (each t-row padded by `t_pad` elements, the
+/// buffer starting `shift` elements into its allocation) in `dt` (bf16 or f32)
+/// on the GPU; the CPU float64 kernels on the same values are the reference.
+/// The calls must take the paths `want`. The GPU backward consumes the GPU
+/// forward's o and lse, as in training. Gradients land in a fused buffer of the
+/// same layout. `scale` 0 means 1 / sqrt(D).
+void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.0, int64_t t_pad = 0,
+                DType dt = DType::BF16, float scale = 0.0f, int64_t shift = 0) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " vs f64: B " << c.B << " H " << c.H << " T " << c.T
                                     << " D " << c.D << " stddev " << stddev << " t_pad " << t_pad << " scale "
-                                    << scale);
+                                    << scale << " shift " << shift);
   const size_t es = dtype_size(dt);
   const AttnShape s{c.B, c.H, c.T, c.D};
-  const int64_t n = c.B * c.H * c.T * c.D, row = 3 * c.H * c.D + t_pad, total = c.B * c.T * row;
+  const int64_t n = c.B * c.H * c.T * c.D, row = 3 * c.H * c.D + t_pad, total = shift + c.B * c.T * row;
   const AttnStrides sqkv{c.T * row, c.D, row};
-  const int64_t oq = 0, ok = c.H * c.D, ov = 2 * c.H * c.D;
+  const int64_t oq = shift, ok = shift + c.H * c.D, ov = shift + 2 * c.H * c.D;
   const AttnStrides so = kernels::contiguous_bhtd(s);
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   const HostBuf qkv = randn_buf(dt, total, gen, stddev), dout = randn_buf(dt, n, gen);
@@ -203,6 +216,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t
   fg.v = dev(d_qkv, ov), fg.sv = sqkv;
   fg.o = d_o.get(), fg.so = so;
   fg.lse = d_lse.as<float>();
+  ASSERT_EQ(cuda::attention_forward_path(fg), want.fwd) << "forward path";
   cuda::attention_forward(fg, nullptr);
   BT_EXPECT_REL(d_o.to_host(dt, n).vals(), o64.vals(), tol(dt), "o");
   BT_EXPECT_REL(to_doubles(d_lse.to_vector<float>(lse64.size())), to_doubles(lse64), 1e-5, "lse");
@@ -238,17 +252,19 @@ void run_vs_f64(const Case& c, std::mt19937& gen, double stddev = 1.0, int64_t t
   bg.dq = dev(d_grads, oq), bg.sdq = sqkv;
   bg.dk = dev(d_grads, ok), bg.sdk = sqkv;
   bg.dv = dev(d_grads, ov), bg.sdv = sqkv;
+  ASSERT_EQ(cuda::attention_backward_path(bg), want.bwd) << "backward path";
   cuda::attention_backward(bg, scratch.as<float>(), nullptr);
   const HostBuf grads = d_grads.to_host(dt, total);
   BT_EXPECT_REL(gather(grads, positions(s, sqkv, oq)), gather(g64, positions(s, sqkv, oq)), tol(dt), "dq");
   BT_EXPECT_REL(gather(grads, positions(s, sqkv, ok)), gather(g64, positions(s, sqkv, ok)), tol(dt), "dk");
   BT_EXPECT_REL(gather(grads, positions(s, sqkv, ov)), gather(g64, positions(s, sqkv, ov)), tol(dt), "dv");
-  if (t_pad > 0) {  // the padding between rows is no element of any view: still poisoned
-    int64_t written = 0;
-    for (int64_t r = 0; r < c.B * c.T; ++r)
-      for (int64_t e = 3 * c.H * c.D; e < row; ++e) written += !std::isnan(grads.get(r * row + e));
-    EXPECT_EQ(written, 0) << "gradient kernels wrote into the padding between rows";
-  }
+  // The shift before the buffer and the padding between rows are no element
+  // of any view: still poisoned.
+  int64_t written = 0;
+  for (int64_t e = 0; e < shift; ++e) written += !std::isnan(grads.get(e));
+  for (int64_t r = 0; r < c.B * c.T; ++r)
+    for (int64_t e = 3 * c.H * c.D; e < row; ++e) written += !std::isnan(grads.get(shift + r * row + e));
+  EXPECT_EQ(written, 0) << "gradient kernels wrote outside the views";
 }
 
 TEST(CudaAttention, TensorCorePathMatchesFloat64) {
@@ -256,12 +272,12 @@ TEST(CudaAttention, TensorCorePathMatchesFloat64) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 64, true}, gen);
-  run_vs_f64({1, 2, 1024, 64, true}, gen);
-  run_vs_f64({2, 2, 200, 64, true}, gen, 2.5);     // peaked softmax: large running-max corrections
-  run_vs_f64({2, 2, 130, 64, true}, gen, 1.0, 8);  // padded rows, still 16-byte aligned
-  run_vs_f64({2, 3, 150, 32, true}, gen);
-  run_vs_f64({1, 2, 150, 128, true}, gen);  // tensor-core forward, SIMT backward
+  for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore);
+  run_vs_f64({1, 2, 1024, 64, true}, gen, kTensorCore);
+  run_vs_f64({2, 2, 200, 64, true}, gen, kTensorCore, 2.5);  // peaked softmax: large running-max corrections
+  run_vs_f64({2, 2, 130, 64, true}, gen, kTensorCore, 1.0, 8);  // padded rows, still 16-byte aligned
+  run_vs_f64({2, 3, 150, 32, true}, gen, kTensorCore);
+  run_vs_f64({1, 2, 150, 128, true}, gen, {AttnPath::TensorCore, AttnPath::Simt});  // no D = 128 backward
 }
 
 TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
@@ -269,15 +285,15 @@ TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  run_vs_f64({2, 2, 70, 64, true}, gen, 1.0, 1);  // t stride 3HD + 1: rows not 16-byte aligned
+  run_vs_f64({2, 2, 70, 64, true}, gen, kSimt, 1.0, 1);  // t stride 3HD + 1: rows not 16-byte aligned
 }
 
 /// Bytes of a device buffer.
 std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsigned char>(d.bytes()); }
 
 /// Two forward + backward runs on the same inputs (fused q/k/v, B 2, H 3,
-/// T 333) give the same bytes in o, lse, dq, dk and dv.
-void check_deterministic(DType dt, int64_t D) {
+/// T 333), on the path `want`, give the same bytes in o, lse, dq, dk and dv.
+void check_deterministic(DType dt, int64_t D, AttnPath want) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D << " seed " << seed);
   std::mt19937 gen(seed);
@@ -305,6 +321,7 @@ void check_deterministic(DType dt, int64_t D) {
     f.sq = f.sk = f.sv = sqkv;
     f.o = d_o.get(), f.so = so;
     f.lse = d_lse.as<float>();
+    ASSERT_EQ(cuda::attention_forward_path(f), want) << "forward path";
     cuda::attention_forward(f, nullptr);
     AttnBackward b;
     b.dt = dt;
@@ -316,6 +333,7 @@ void check_deterministic(DType dt, int64_t D) {
     b.dout = d_dout.get(), b.sdo = so;
     b.lse = d_lse.as<float>();
     b.dq = dev(d_grads, 0), b.dk = dev(d_grads, H * D), b.dv = dev(d_grads, 2 * H * D);
+    ASSERT_EQ(cuda::attention_backward_path(b), want) << "backward path";
     cuda::attention_backward(b, scratch.as<float>(), nullptr);
     if (run == 0) {
       o_first = bytes_of(d_o), lse_first = bytes_of(d_lse), g_first = bytes_of(d_grads);
@@ -329,7 +347,7 @@ void check_deterministic(DType dt, int64_t D) {
 
 TEST(CudaAttention, TensorCorePathIsDeterministic) {
   BT_SKIP_WITHOUT_GPU();
-  check_deterministic(DType::BF16, 64);
+  check_deterministic(DType::BF16, 64, AttnPath::TensorCore);
 }
 
 TEST(CudaAttention, F32TiledPathMatchesFloat64) {
@@ -338,17 +356,18 @@ TEST(CudaAttention, F32TiledPathMatchesFloat64) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
   const DType f32 = DType::F32;
-  for (int64_t T : {1, 17, 100, 257, 1024}) run_vs_f64({2, 3, T, 64, true}, gen, 1.0, 0, f32);
-  run_vs_f64({2, 2, 200, 64, true}, gen, 2.5, 0, f32);  // peaked softmax: large running-max corrections
-  run_vs_f64({2, 2, 130, 64, true}, gen, 1.0, 4, f32);  // padded rows, still 16-byte aligned
-  run_vs_f64({1, 3, 190, 64, true}, gen, 1.0, 0, f32, -0.2f);  // a negative scale
-  for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 32, true}, gen, 1.0, 0, f32);
+  for (int64_t T : {1, 17, 100, 257, 1024}) run_vs_f64({2, 3, T, 64, true}, gen, kF32Tiled, 1.0, 0, f32);
+  run_vs_f64({2, 2, 200, 64, true}, gen, kF32Tiled, 2.5, 0,
+             f32);  // peaked softmax: large running-max corrections
+  run_vs_f64({2, 2, 130, 64, true}, gen, kF32Tiled, 1.0, 4, f32);  // padded rows, still 16-byte aligned
+  run_vs_f64({1, 3, 190, 64, true}, gen, kF32Tiled, 1.0, 0, f32, -0.2f);  // a negative scale
+  for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 32, true}, gen, kF32Tiled, 1.0, 0, f32);
 }
 
 TEST(CudaAttention, F32TiledPathIsDeterministic) {
   BT_SKIP_WITHOUT_GPU();
-  check_deterministic(DType::F32, 64);
-  check_deterministic(DType::F32, 32);
+  check_deterministic(DType::F32, 64, AttnPath::F32Tiled);
+  check_deterministic(DType::F32, 32, AttnPath::F32Tiled);
 }
 
 TEST(CudaAttention, UnalignedF32RowsUseTheSimtPath) {
@@ -356,7 +375,21 @@ TEST(CudaAttention, UnalignedF32RowsUseTheSimtPath) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  run_vs_f64({2, 2, 70, 64, true}, gen, 1.0, 1, DType::F32);  // t stride 3HD + 1: rows not 16-byte aligned
+  run_vs_f64({2, 2, 70, 64, true}, gen, kSimt, 1.0, 1,
+             DType::F32);  // t stride 3HD + 1: rows not 16-byte aligned
+}
+
+TEST(CudaAttention, SimtPathOnShapesTheFastPathsTake) {
+  BT_SKIP_WITHOUT_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  // Aligned strides, D and dtypes of the fast paths; only the buffer starts one
+  // element past a 16-byte boundary, so every view's pointer is misaligned.
+  for (DType dt : {DType::BF16, DType::F32})
+    for (int64_t D : {32, 64}) run_vs_f64({2, 3, 100, D, true}, gen, kSimt, 1.0, 0, dt, 0.0f, 1);
+  // Aligned bf16 with a negative scale: the tensor cores need scale > 0.
+  run_vs_f64({2, 2, 130, 64, true}, gen, kSimt, 1.0, 0, DType::BF16, -0.125f);
 }
 
 TEST(CudaAttention, RejectsHeadDimAbove128) {

@@ -1,0 +1,91 @@
+// Which CUDA attention implementation a call runs (kernels/attention.h). Plain
+// C++ on the call's description, so every build compiles it and its test
+// (tests/kernels/common/test_attention_path.cpp) runs without a GPU;
+// kernels/cuda/attention.cu switches on it, so the test checks what runs.
+//
+// The two tiled implementations move every row of every view with 16-byte
+// loads and stores (cp.async and vector stores), and are compiled for a few
+// head dims; the SIMT kernels read element by element and take any D <= 128.
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/attention.h"
+
+namespace bt::kernels {
+namespace {
+
+struct View {
+  const void* p;
+  AttnStrides s;
+};
+
+/// Every [b, h, t] row of every view starts on a 16-byte boundary: an aligned
+/// pointer and b, h, t strides that are multiples of 16 bytes (a stride of a
+/// dimension of size 1 is never applied, so it does not matter).
+bool rows_aligned16(std::initializer_list<View> views, const AttnShape& sh, DType dt) {
+  const int64_t n = 16 / static_cast<int64_t>(dtype_size(dt));
+  for (const View& v : views) {
+    const bool ok = v.p != nullptr && reinterpret_cast<uintptr_t>(v.p) % 16 == 0 &&
+                    (sh.B == 1 || v.s.b % n == 0) && (sh.H == 1 || v.s.h % n == 0) &&
+                    (sh.T == 1 || v.s.t % n == 0);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/// The tensor-core kernels need scale > 0 (their online softmax takes the max
+/// of the raw scores for the max of the scaled ones) and finite.
+bool tensor_core_scale(float scale) { return scale > 0.0f && !std::isinf(scale); }
+
+}  // namespace
+
+const char* name_of(AttnPath p) {
+  switch (p) {
+    case AttnPath::TensorCore:
+      return "tensor-core";
+    case AttnPath::F32Tiled:
+      return "f32-tiled";
+    case AttnPath::Simt:
+      return "simt";
+  }
+  return "?";
+}
+
+namespace cuda {
+
+AttnPath attention_forward_path(const AttnForward& a) {
+  const int64_t D = a.shape.D;
+  const auto aligned = [&] {
+    return rows_aligned16({{a.q, a.sq}, {a.k, a.sk}, {a.v, a.sv}, {a.o, a.so}}, a.shape, a.dt);
+  };
+  if (a.dt == DType::BF16 && (D == 32 || D == 64 || D == 128) && tensor_core_scale(a.scale) && aligned())
+    return AttnPath::TensorCore;
+  if (a.dt == DType::F32 && (D == 32 || D == 64) && std::isfinite(a.scale) && aligned())
+    return AttnPath::F32Tiled;
+  return AttnPath::Simt;
+}
+
+AttnPath attention_backward_path(const AttnBackward& a) {
+  const int64_t D = a.shape.D;
+  const auto aligned = [&] {
+    return rows_aligned16({{a.q, a.sq},
+                           {a.k, a.sk},
+                           {a.v, a.sv},
+                           {a.o, a.so},
+                           {a.dout, a.sdo},
+                           {a.dq, a.sdq},
+                           {a.dk, a.sdk},
+                           {a.dv, a.sdv}},
+                          a.shape, a.dt);
+  };
+  // The tensor-core backward has no D = 128 configuration (the forward has).
+  if (a.dt == DType::BF16 && (D == 32 || D == 64) && tensor_core_scale(a.scale) && aligned())
+    return AttnPath::TensorCore;
+  if (a.dt == DType::F32 && (D == 32 || D == 64) && std::isfinite(a.scale) && aligned())
+    return AttnPath::F32Tiled;
+  return AttnPath::Simt;
+}
+
+}  // namespace cuda
+}  // namespace bt::kernels
