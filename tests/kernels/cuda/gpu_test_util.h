@@ -1,7 +1,8 @@
 // Helpers shared by the GPU kernel tests (tests/kernels/cuda): device buffer
-// RAII, host buffers of any dtype, random data, upload/download, NaN poisoning
-// and the relative-error metric. Every test compares a CUDA kernel with the CPU
-// kernel of the same header on identical input bytes.
+// RAII, host buffers of any dtype, random data (seeded with BT_SEED,
+// tests/support/seed.h), upload/download, NaN poisoning and the relative-error
+// metric. Every test compares a CUDA kernel with the CPU kernel of the same
+// header on identical input bytes.
 #pragma once
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/dtype.h"
 #include "kernels/common/error.h"
+#include "tests/support/seed.h"  // BT_SEED: a fresh seed per run, replayable with BT_TEST_SEED
 
 namespace bt::test::gpu {
 
@@ -37,12 +39,6 @@ inline bool has_cuda() {
   do {                                                                  \
     if (!::bt::test::gpu::has_cuda()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
-
-/// A fresh seed per test run; log it (SCOPED_TRACE) so a failure can be replayed.
-inline uint32_t fresh_seed() {
-  std::random_device rd;
-  return rd();
-}
 
 /// Waits for the device and reports asynchronous kernel errors.
 inline void sync() { BT_CUDA_CHECK(cudaDeviceSynchronize()); }

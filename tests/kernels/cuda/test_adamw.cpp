@@ -17,8 +17,7 @@ std::vector<float> floats(const std::vector<double>& v) { return std::vector<flo
 
 TEST(CudaAdamW, MatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType gdt : {DType::F32, DType::BF16}) {
     for (int copy_mode = 0; copy_mode < 3; ++copy_mode) {  // none, f32, bf16

@@ -140,8 +140,7 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
 
 TEST(CudaAttention, MatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int64_t T : {1, 17, 64, 257})
@@ -269,8 +268,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
 
 TEST(CudaAttention, TensorCorePathMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore);
   run_vs_f64({1, 2, 1024, 64, true}, gen, kTensorCore);
@@ -282,8 +280,7 @@ TEST(CudaAttention, TensorCorePathMatchesFloat64) {
 
 TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   run_vs_f64({2, 2, 70, 64, true}, gen, kSimt, 1.0, 1);  // t stride 3HD + 1: rows not 16-byte aligned
 }
@@ -294,8 +291,8 @@ std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsign
 /// Two forward + backward runs on the same inputs (fused q/k/v, B 2, H 3,
 /// T 333), on the path `want`, give the same bytes in o, lse, dq, dk and dv.
 void check_deterministic(DType dt, int64_t D, AttnPath want) {
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D << " seed " << seed);
+  BT_SEED(seed);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D);
   std::mt19937 gen(seed);
   const size_t es = dtype_size(dt);
   const int64_t B = 2, H = 3, T = 333;
@@ -352,8 +349,7 @@ TEST(CudaAttention, TensorCorePathIsDeterministic) {
 
 TEST(CudaAttention, F32TiledPathMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   const DType f32 = DType::F32;
   for (int64_t T : {1, 17, 100, 257, 1024}) run_vs_f64({2, 3, T, 64, true}, gen, kF32Tiled, 1.0, 0, f32);
@@ -372,8 +368,7 @@ TEST(CudaAttention, F32TiledPathIsDeterministic) {
 
 TEST(CudaAttention, UnalignedF32RowsUseTheSimtPath) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   run_vs_f64({2, 2, 70, 64, true}, gen, kSimt, 1.0, 1,
              DType::F32);  // t stride 3HD + 1: rows not 16-byte aligned
@@ -381,8 +376,7 @@ TEST(CudaAttention, UnalignedF32RowsUseTheSimtPath) {
 
 TEST(CudaAttention, SimtPathOnShapesTheFastPathsTake) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   // Aligned strides, D and dtypes of the fast paths; only the buffer starts one
   // element past a 16-byte boundary, so every view's pointer is misaligned.

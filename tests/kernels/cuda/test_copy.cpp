@@ -60,8 +60,7 @@ const std::vector<StridedView>& layout_cases() {
 
 TEST(CudaCopy, StridedCopyAllDtypePairsBitwise) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType src_dt : kAllDTypes) {
     for (DType dst_dt : kAllDTypes) {

@@ -61,8 +61,7 @@ std::vector<double> operand_vals(BinaryOp op, bool is_b, int64_t n, std::mt19937
 
 TEST(CudaElementwise, BinaryMatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow}) {
@@ -87,8 +86,7 @@ TEST(CudaElementwise, BinaryMatchesCpu) {
 
 TEST(CudaElementwise, BinaryInPlaceAndUnaligned) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     const int64_t n = 1001;
@@ -110,8 +108,7 @@ TEST(CudaElementwise, BinaryInPlaceAndUnaligned) {
 
 TEST(CudaElementwise, UnaryMatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   const std::pair<UnaryOp, double> ops[] = {
       {UnaryOp::Neg, 0},        {UnaryOp::Exp, 0},          {UnaryOp::Log, 0},

@@ -21,8 +21,7 @@ std::vector<int32_t> random_indices(int64_t n, int64_t num, std::mt19937& gen) {
 
 TEST(CudaEmbedding, ForwardAndBackwardMatchCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int64_t num : {1, 50, 1000}) {
@@ -59,8 +58,7 @@ TEST(CudaEmbedding, ForwardAndBackwardMatchCpu) {
 
 TEST(CudaEmbedding, BackwardIsBitwiseDeterministic) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     const int64_t num = 1000, dim = 768, n = 20000;

@@ -15,8 +15,7 @@ namespace cuda = kernels::cuda;
 
 TEST(CudaGelu, ForwardAndBackwardMatchCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int64_t n : {1, 7, 1000, 1023, 4097, 1 << 20}) {

@@ -86,8 +86,7 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
 
 TEST(CudaLayerNorm, MatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int64_t rows : {1, 7, 129, 1000})

@@ -47,8 +47,7 @@ void check_fill(DType dt, const Fill& f, int64_t n, uint64_t seed, uint64_t offs
 
 TEST(CudaRandom, UniformAndNormalMatchCpuBitwise) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t s = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << s);
+  BT_SEED(s);
   std::mt19937_64 gen(s);
   const Fill fills[] = {{false, 0.0f, 1.0f}, {false, -0.1f, 0.3f}, {true, 0.0f, 1.0f}, {true, 1.5f, 0.02f}};
   for (DType dt : {DType::F32, DType::BF16})
@@ -63,7 +62,8 @@ TEST(CudaRandom, SplitFillsEqualOneFill) {
   // with offsets o and o + a equal one fill of n.
   BT_SKIP_WITHOUT_GPU();
   const int64_t n = 10007, a = 4321;
-  const uint64_t seed = fresh_seed(), off = 99;
+  BT_SEED(seed);
+  const uint64_t off = 99;
   DevBuf one(n * sizeof(float)), two(n * sizeof(float));
   cuda::fill_normal(DType::F32, one.get(), n, seed, off, 0.0f, 1.0f, nullptr);
   cuda::fill_normal(DType::F32, two.get(), a, seed, off, 0.0f, 1.0f, nullptr);

@@ -19,8 +19,7 @@ struct Shape {
 
 TEST(CudaReduce, MatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   const Shape shapes[] = {{1, 1, 1},  {7, 31, 1},   {3, 1000, 1}, {2, 3000, 1}, {129, 768, 1},
                           {5, 17, 3}, {4, 129, 33}, {1, 7, 1000}, {2, 1, 5},    {3, 2049, 40}};
@@ -55,8 +54,7 @@ TEST(CudaReduce, MatchesCpu) {
 // B*T rows) against the CPU, and bitwise repeatable.
 TEST(CudaReduce, SplitPassMatchesCpuAndRepeats) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   const Shape shapes[] = {{1, 3000001, 1}, {2, 100000, 1}, {1, 16384, 768}, {1, 20001, 37}, {3, 9000, 64}};
   for (DType dt : {DType::F32, DType::BF16}) {

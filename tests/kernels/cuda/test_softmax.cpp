@@ -13,8 +13,7 @@ namespace cuda = kernels::cuda;
 
 TEST(CudaSoftmax, ForwardAndBackwardMatchCpu) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16}) {
     for (bool log : {false, true}) {

@@ -40,8 +40,7 @@ struct Case {
 
 TEST(CudaSumSquares, MatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   Case c;
   for (int64_t n : {1, 3, 8191, 8192, 8193, 100003, 0, 2 * 8192 + 5}) c.add(DType::F32, n, gen);
@@ -55,8 +54,7 @@ TEST(CudaSumSquares, MatchesFloat64) {
 
 TEST(CudaSumSquares, ManyBuffersSpanSeveralLaunches) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  BT_SEED(seed);
   std::mt19937 gen(seed);
   Case c;
   for (int i = 0; i < 150; ++i) c.add(i % 3 ? DType::F32 : DType::BF16, 1 + (i * 997) % 20000, gen);
