@@ -18,9 +18,8 @@ using kernels::StridedLayout;
 
 TEST(CudaScatter, StridedScatterMatchesCpuBitwise) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 gen(seed);
+  BT_SEED(seed);
+  std::mt19937 gen(static_cast<uint32_t>(seed));
   std::uniform_int_distribution<int> byte(0, 255);
   // No repeated offsets: which of two GPU threads writes last is unspecified.
   const std::vector<StridedView> cases = {
@@ -58,9 +57,8 @@ TEST(CudaScatter, StridedScatterMatchesCpuBitwise) {
 
 TEST(CudaScatter, ArgmaxScatterMatchesCpuBitwise) {
   BT_SKIP_WITHOUT_GPU();
-  const uint32_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 gen(seed);
+  BT_SEED(seed);
+  std::mt19937 gen(static_cast<uint32_t>(seed));
   struct Shape {
     int64_t outer, dim, inner;
   };
