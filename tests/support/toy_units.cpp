@@ -25,16 +25,36 @@ std::vector<Tensor> toy_inputs(double scale, uint64_t seed, const Device& dev) {
 
 void toy_backward(const std::vector<Tensor>& params, const std::vector<Tensor>& xs, nn::WeightSource* src) {
   const std::vector<int> units = toy_units();
-  auto term = [&](size_t i) { return sum(mul(src ? src->weight(params[i]) : params[i], xs[i])); };
+  std::vector<Tensor> w(params.size());  // what the forward computes with
+  auto fetch = [&](size_t i) { w[i] = src ? src->weight(params[i]) : params[i]; };
+  auto t = [&](size_t i) { return sum(mul(xs[i], tanh(w[i]))); };
+  auto plus = [](const Tensor& acc, const Tensor& v) { return acc.defined() ? add(acc, v) : v; };
+  auto g = [&](int u) {  // 1 + the mean square of unit u's weights
+    Tensor sq;
+    int64_t n = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (units[i] != u) continue;
+      sq = plus(sq, sum(mul(w[i], w[i])));
+      n += w[i].numel();
+    }
+    return add(mul(sq, 1.0 / static_cast<double>(n)), 1.0);
+  };
   if (src) src->enter(0);
-  Tensor h = term(0);
+  fetch(0);
+  Tensor h = t(0);
   for (int u : {1, 2}) {
     if (src) src->enter(u);
-    for (size_t i = 0; i < params.size(); ++i)
-      if (units[i] == u) h = add(h, term(i));
+    Tensor s;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (units[i] != u) continue;
+      fetch(i);
+      s = plus(s, t(i));
+    }
+    h = add(h, mul(s, g(u)));
     if (src) h = src->leave(u, h);
   }
-  h = add(h, term(4));
+  fetch(4);
+  h = mul(add(h, t(4)), g(0));
   if (src) h = src->leave(0, h);
   h.backward();
 }

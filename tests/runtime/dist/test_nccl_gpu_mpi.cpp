@@ -92,6 +92,7 @@ TEST_F(Nccl, StrategiesMatchOneProcessOnCuda) {
         const uint64_t seed = 20 + 2 * step + micro;
         s->before_backward(micro == 1);
         test::toy_backward(ps, test::toy_inputs(rank() + 1.0, seed, dev_), s->weight_source());
+        // One process, from the ranks' mean input (Note [Toy loss]).
         test::toy_backward(ref, test::toy_inputs((size() + 1) / 2.0, seed, dev_));
       }
       s->after_backward();
