@@ -1,5 +1,7 @@
 #include "runtime/ops/softmax.h"
 
+#include <algorithm>
+
 #include "kernels/softmax.h"
 #include "runtime/autograd/function.h"
 #include "runtime/ops/dispatch.h"
@@ -41,7 +43,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim_in, bool log) {
   const char* name = log ? "log_softmax" : "softmax";
   detail::check_defined(name, x, "x");
   detail::check_dtype(name, x, "x", {DType::F32, DType::F64, DType::BF16});
-  const int d = normalize_dim(dim_in, x.dim(), name);
+  const int d = normalize_dim(dim_in, std::max(x.dim(), 1), name);  // a scalar: dim 0 or -1
   const bool last = x.dim() == 0 || d == x.dim() - 1;
   // Other dims: move `d` last, run row-wise, move it back (a view).
   Tensor xt = last ? x.detach().contiguous() : x.detach().transpose(d, -1).contiguous();

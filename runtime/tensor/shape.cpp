@@ -29,9 +29,11 @@ std::string shape_str(const Shape& s) {
 }
 
 int normalize_dim(int64_t dim, int ndim, const char* what) {
+  // Every caller indexes a shape with the result, so a scalar has no valid dim.
+  BT_CHECK(ndim > 0, what, ": dimension ", dim, " of a tensor with 0 dimensions (a scalar), which has none");
   const int64_t d = dim < 0 ? dim + ndim : dim;
-  BT_CHECK(d >= 0 && d < std::max(ndim, 1), what, ": dimension ", dim, " is out of range for a tensor with ",
-           ndim, " dimension(s) (valid: ", -std::max(ndim, 1), "..", std::max(ndim, 1) - 1, ")");
+  BT_CHECK(d >= 0 && d < ndim, what, ": dimension ", dim, " is out of range for a tensor with ", ndim,
+           " dimension(s) (valid: ", -ndim, "..", ndim - 1, ")");
   return static_cast<int>(d);
 }
 

@@ -1,9 +1,12 @@
 // Factories, dtype conversions and the seeded generators.
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include <gtest/gtest.h>
 
 #include "runtime/bt.h"
+#include "tests/support/error_message.h"
 
 namespace bt {
 namespace {
@@ -87,6 +90,60 @@ TEST(Factory, PinnedHostTensor) {
   Tensor p = arange(8).pin_memory();
   EXPECT_TRUE(p.is_pinned());
   EXPECT_EQ(p.to_vector<float>()[7], 7.0f);
+}
+
+TEST(Factory, RangesCountDownAndCanBeEmpty) {
+  EXPECT_EQ(arange(3.0, 0.0, -1.0).to_vector<float>(), (std::vector<float>{3, 2, 1}));
+  EXPECT_EQ(arange(2.0, 1.0, 1.0).numel(), 0);
+  EXPECT_EQ(arange(0.0, 1.0, 0.3).numel(), 4);  // 0, 0.3, 0.6, 0.9
+  EXPECT_EQ(arange(5, TensorOptions{DType::I64}).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(Factory, LikesKeepShapeAndDTypeButNotGrad) {
+  const Tensor src = full({2, 3}, 4.0, TensorOptions{DType::BF16}.with_requires_grad());
+  EXPECT_TRUE(src.requires_grad());
+  EXPECT_TRUE(src.is_leaf());
+  EXPECT_EQ(src.to_vector<float>(), std::vector<float>(6, 4.0f));
+  for (const Tensor& t : {zeros_like(src), ones_like(src), empty_like(src)}) {
+    EXPECT_EQ(t.shape(), src.shape());
+    EXPECT_EQ(t.dtype(), DType::BF16);
+    EXPECT_FALSE(t.requires_grad());
+  }
+  EXPECT_EQ(ones_like(src).to_vector<float>(), std::vector<float>(6, 1.0f));
+  // normal() with std 0 is its mean exactly.
+  EXPECT_EQ(normal({4}, 3.0, 0.0).to_vector<float>(), std::vector<float>(4, 3.0f));
+}
+
+TEST(Factory, ManualSeedRestartsTheDefaultGenerator) {
+  manual_seed(11);
+  const std::vector<float> a = rand({50}).to_vector<float>();
+  EXPECT_EQ(default_generator().offset(), 50u);
+  EXPECT_EQ(default_generator().seed(), 11u);
+  manual_seed(11);
+  EXPECT_EQ(rand({50}).to_vector<float>(), a);
+  Generator g(11);
+  EXPECT_EQ(rand({50}, {}, &g).to_vector<float>(), a) << "the same stream as a generator of that seed";
+  manual_seed(12);
+  EXPECT_NE(rand({50}).to_vector<float>(), a);
+}
+
+TEST(Factory, BadArgumentsAreErrorsThatSayWhy) {
+  auto has = [](const std::function<void()>& f, const std::string& text) {
+    const std::string msg = test::error_message(f);
+    EXPECT_NE(msg.find(text), std::string::npos) << msg;
+  };
+  has([] { (void)zeros({2, -1}); }, "negative size in shape [2, -1]");
+  has([] { (void)arange(0.0, 1.0, 0.0); }, "step must be non-zero");
+  has([] { (void)randn({2}, TensorOptions{DType::I32}); }, "must have a floating dtype, not i32");
+  has([] { (void)uniform({2}, 1.0, 1.0); }, "need lo < hi, got [1, 1)");
+  has([] { (void)normal({2}, 0.0, -1.0); }, "std must be >= 0, got -1");
+  has([] { (void)from_vector<float>({1, 2, 3}, {2, 2}); }, "3 values do not fill shape [2, 2] (4 elements)");
+  if (cuda_available())  // without a device, naming the device comes first
+    has(
+        [] {
+          (void)zeros({2}, TensorOptions{DType::F32, Device::cuda(0), false, true});
+        },
+        "pinned memory is host");
 }
 
 }  // namespace
