@@ -152,7 +152,7 @@ def main():
         bt_cmd += ["--set", f"train.micro_batch={args.micro_batch}"]
     if args.batch_size is not None:
         bt_cmd += ["--set", f"train.batch_size={args.batch_size}"]
-    bt_cmd += ["--set", "train.deterministic=true", "--set", "train.eval_every=0", "--set", "train.sample_tokens=0",
+    bt_cmd += ["--set", "train.eval_every=0", "--set", "train.sample_tokens=0",
                "--save-init", P["w0"], "--save-weights", P["bt_final"], "--metrics", P["bt_metrics"],
                "--resolved-config", P["cfg"]]
     ref_cmd = [args.python, os.path.join(HERE, "gpt2_ref.py"), "train", "--config", P["cfg"], "--init", P["w0"],

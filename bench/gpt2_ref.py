@@ -492,15 +492,16 @@ def cmd_train(args):
     wd, betas, eps = float(get("weight_decay")), (float(get("beta1")), float(get("beta2"))), float(get("eps"))
     grad_clip = float(get("grad_clip"))
     seed = int(get("seed"))
-    deterministic = bool(t.get("deterministic", False))
     eval_every, eval_batches = int(t.get("eval_every", 0)), int(t.get("eval_batches", 0))
 
     device = resolve_device(args.device or t.get("device", "auto"))
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+    # Always deterministic, as BluTrain is (it has no switch: Note [Deterministic
+    # by construction] in runtime/train/trainer.h); a config's old
+    # train.deterministic is ignored.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     autocast = set_precision(t.get("precision", "fp32"), device)
 
     train_data = ShardSamples(d["train"], B, T)
@@ -537,7 +538,7 @@ def cmd_train(args):
     print(f"gpt2_ref train: {mc['n_layer']} layers, {mc['n_head']} heads, width {mc['n_embd']}, "
           f"context {T}, vocab {mc['vocab_size']} (padded {mc['padded_vocab']}); {run_steps} of {total_steps} "
           f"steps of {A} micro-batch(es) of {B} sequences on {device}, {t.get('precision', 'fp32')}"
-          f"{', deterministic' if deterministic else ''}; torch {torch.__version__}", flush=True)
+          f", deterministic; torch {torch.__version__}", flush=True)
     metrics = open(args.metrics, "w") if args.metrics else None
     try:
         for s in range(run_steps):

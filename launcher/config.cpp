@@ -58,7 +58,6 @@ const std::vector<Key>& keys() {
       BT_KEY("train.grad_clip", train.grad_clip, "global gradient-norm clip (0: off)"),
       BT_KEY("train.device", train.device, "auto | cpu | cuda | cuda:N"),
       BT_KEY("train.precision", train.precision, "fp32 | tf32 | bf16"),
-      BT_KEY("train.deterministic", train.deterministic, "bitwise-reproducible runs"),
       BT_KEY("train.seed", train.seed, "seed of the init, the data order and sampling"),
       BT_KEY("train.eval_every", train.eval_every, "steps between validation passes (0: at the end only)"),
       BT_KEY("train.eval_batches", train.eval_batches, "micro-batches per validation pass"),
@@ -87,6 +86,18 @@ const std::vector<Key>& keys() {
 }
 #undef BT_KEY
 
+/// Keys that existed once, with why each went: a config that still sets one
+/// fails with that reason, not as an unknown key with a guess.
+struct RetiredKey {
+  const char* name;
+  const char* why;
+};
+constexpr RetiredKey kRetiredKeys[] = {
+    {"train.deterministic",
+     "runs are always bitwise reproducible for a given build, device kind, world size and config "
+     "(Note [Deterministic by construction] in runtime/train/trainer.h)"},
+};
+
 const Key* find_key(const std::string& name) {
   for (const Key& k : keys())
     if (name == k.name) return &k;
@@ -109,6 +120,9 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 [[noreturn]] void unknown_key(const std::string& name, const std::string& where) {
+  for (const RetiredKey& r : kRetiredKeys)
+    BT_CHECK(name != r.name, "config key '", name, "' in ", where, " was removed: ", r.why,
+             "; remove the key");
   const Key* best = nullptr;
   size_t best_d = 4;
   for (const Key& k : keys())

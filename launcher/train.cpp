@@ -132,10 +132,10 @@ int run_train(int argc, char** argv) {
       static_cast<int>(mc.n_layer), static_cast<int>(mc.n_head), static_cast<int>(mc.n_embd),
       static_cast<int>(mc.seq_len), static_cast<int>(mc.vocab_size), static_cast<int>(mc.padded_vocab()),
       static_cast<double>(mc.num_params()) / 1e6);
-  std::printf("  device %s, precision %s%s | data: %zu shard(s), %.2fM tokens, %lld batches/epoch%s\n",
-              tr.device().str().c_str(), t.precision.c_str(), t.deterministic ? " (deterministic)" : "",
-              data.shards().size(), static_cast<double>(data_tokens) / 1e6,
-              static_cast<long long>(data.batches_per_epoch()), tr.has_val() ? ", with validation" : "");
+  std::printf("  device %s, precision %s | data: %zu shard(s), %.2fM tokens, %lld batches/epoch%s\n",
+              tr.device().str().c_str(), t.precision.c_str(), data.shards().size(),
+              static_cast<double>(data_tokens) / 1e6, static_cast<long long>(data.batches_per_epoch()),
+              tr.has_val() ? ", with validation" : "");
   if (w.size > 1)
     std::printf("  %d ranks (%s), dist.strategy %s: each rank runs %lld micro-batches of %lld per step\n",
                 w.size, w.launched_by.c_str(), cfg.dist.strategy.c_str(),

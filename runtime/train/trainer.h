@@ -16,6 +16,50 @@
 // own samples, and the strategy (dist.strategy) makes step 1's gradients the
 // average over ranks, so every rank takes the same step as one process with
 // the whole global batch; the reported loss is averaged over ranks too.
+//
+// Note [Deterministic by construction]
+// There is no switch between deterministic and fast kernels (the key
+// train.deterministic was removed): every kernel writes each output once and
+// reduces in an order fixed by the shapes, never by timing -- no atomics in
+// any sum (the CUDA embedding, LayerNorm and bias gradients, attention's
+// backward, the split reductions of kernels/cuda/reduce.cu, sum_squares), CPU
+// chunks fixed by the shape (Note [Deterministic CPU parallelism]); cuBLASLt
+// runs with one workspace per stream, cuBLAS's condition for bitwise results;
+// random numbers are Philox by element index (Note [Portable RNG]). So two runs
+// give bit-identical losses, gradient norms and weights when they share
+//   - the build (the binary and its OpenBLAS, cuBLAS, NCCL and MPI);
+//   - the device kind: one GPU model (cuBLAS promises its bits for one
+//     architecture and SM count), or on CPUs the OpenBLAS kernel (chosen for
+//     the CPU) and OpenBLAS's thread count (OPENBLAS_NUM_THREADS, by default
+//     the core count): OpenBLAS 0.3.21 (Haswell kernels) gives a 128x192x64
+//     sgemm other bits in 15-30% of its elements on 1, 2, 3 and 4 threads;
+//   - the config, world size included;
+// whatever BT_NUM_THREADS (the kernels' own pool), dist.bucket_mb with two
+// ranks, checkpoint.async, or a stop and resume at a checkpoint.
+// Not bit-identical, and why (the tests bound these differences instead):
+//   - another world size or micro-batch: the micro-batch gradients are added
+//     in another association, ((g1 + g2) + g3) + g4 against (g1 + g2) +
+//     (g3 + g4). Where the association is the same -- one process adding two
+//     micro-batches, two ranks with one each (a + b, then an exact halving)
+//     -- the weights are the same bits;
+//   - another strategy: zero1/2/3 sum the clip norm from per-rank shard sums
+//     (all-reduced in double), one process and ddp over whole gradients, so
+//     the clip coefficient may differ in its last bit when clipping is on;
+//   - more than two ranks: MPI may add all_reduce and reduce_scatter terms in
+//     different orders and pick its algorithm by message size (bucket_mb), and
+//     the TCP group adds in rank order (Note [TCP process group]);
+//   - another precision, device kind, OpenBLAS thread count or build.
+// Tests: TrainerTest.SameSeedIsBitwiseIdentical (CPU; pool threads 3 and 1),
+// Precisions/TrainerGpu.* (one GPU, every precision), TrainDist.Bf16* in
+// tests/launcher/test_train_dist_mpi.cpp (one process = ddp = zero3, bit for
+// bit) and the exact resume of tests/launcher/test_checkpoint_mpi.cpp.
+// A faster kernel that is not deterministic (atomics in the embedding or
+// bias gradients, a split-K GEMM reducing with atomics) must not replace a
+// deterministic one silently: bring back an opt-in key (off by default, and
+// out of kRetiredKeys in launcher/config.cpp), keep both kernels, and test
+// both behaviours: the tests above with the key off, and with it on the fast
+// kernel against the deterministic one within a bound derived from its
+// reduction length and precision, plus a test that the key selects it.
 #pragma once
 
 #include <cstdint>

@@ -57,7 +57,7 @@ class CheckpointJob : public ::testing::Test {
              " --set model.seq_len=64 --set train.steps=40 --set train.batch_size=8 --set train.micro_batch=2"
              " --set train.device=" +
              device() +
-             " --set train.deterministic=true --set train.sample_tokens=0"
+             " --set train.sample_tokens=0"
              " --set train.warmup_steps=5 --set train.lr=1e-3";
   }
   /// `blutrain train` on `np` ranks with `strategy` and extra --set options.

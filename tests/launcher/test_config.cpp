@@ -37,14 +37,13 @@ TEST_F(ConfigTest, EmbeddedDefaultIsTinyOnJargon) {
 
 TEST_F(ConfigTest, PresetThenKeysThenOverrides) {
   const std::string p = yaml("model:\n  n_layer: 2\n  preset: gpt2-124m\ntrain:\n  lr: 1e-3\n  steps: 7\n");
-  const train::TrainConfig c =
-      load_train_config(p, {"train.lr=3e-4", "data.val=", "train.deterministic=true"});
+  const train::TrainConfig c = load_train_config(p, {"train.lr=3e-4", "data.val=", "data.shuffle=false"});
   EXPECT_EQ(c.model.n_layer, 2) << "an explicit key wins over the preset, wherever it appears";
   EXPECT_EQ(c.model.n_embd, 768);
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_DOUBLE_EQ(c.train.lr, 3e-4) << "--set wins over the file";
   EXPECT_EQ(c.data.val, "");
-  EXPECT_TRUE(c.train.deterministic);
+  EXPECT_FALSE(c.data.shuffle);
 }
 
 TEST_F(ConfigTest, ResolvedJsonHasEveryKeyAndTheDerivedOnes) {
@@ -64,6 +63,26 @@ TEST_F(ConfigTest, UnknownKeysAreNamedWithASuggestion) {
   EXPECT_NE(error_of("", {"model.layers=3"}).find("'model.layers' in --set model.layers=3"),
             std::string::npos);
   EXPECT_NE(error_of(yaml("optim:\n  lr: 1\n")).find("unknown config section 'optim'"), std::string::npos);
+}
+
+// A removed key is named with the reason it went, in a file and in --set,
+// whatever its value; it is never suggested for a typo.
+TEST_F(ConfigTest, RetiredKeysSayWhyTheyWent) {
+  const std::string p = yaml("train:\n  steps: 3\n  deterministic: true\n");
+  std::string e = error_of(p);
+  EXPECT_NE(e.find("config key 'train.deterministic' in '" + p + "' was removed"), std::string::npos) << e;
+  EXPECT_NE(e.find("always bitwise reproducible"), std::string::npos) << e;
+  EXPECT_NE(e.find("Note [Deterministic by construction]"), std::string::npos) << e;
+  EXPECT_NE(e.find("remove the key"), std::string::npos) << e;
+  for (const char* set : {"train.deterministic=true", "train.deterministic=false"}) {
+    e = error_of("", {set});
+    EXPECT_NE(e.find(std::string("config key 'train.deterministic' in --set ") + set + " was removed"),
+              std::string::npos)
+        << e;
+  }
+  e = error_of("", {"train.determinstic=true"});
+  EXPECT_NE(e.find("unknown config key 'train.determinstic'"), std::string::npos) << e;
+  EXPECT_EQ(e.find("did you mean 'train.deterministic'"), std::string::npos) << e;
 }
 
 TEST_F(ConfigTest, WrongTypesAreNamed) {

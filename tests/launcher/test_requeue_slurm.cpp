@@ -50,11 +50,10 @@ class SlurmJob : public ::testing::Test {
     test::allow_mpirun_as_root();
     glob_ = test::write_token_shards(dir_.path(), "tok", 2, 20'000, 1024, 7);
     // A 1024-token vocabulary keeps the run short (under the sanitizers too).
-    sets_ = {
-        "data.train=" + glob_,  "data.val=",           "model.vocab_size=1024",    "model.n_layer=2",
-        "model.n_head=2",       "model.n_embd=64",     "model.seq_len=64",         "train.steps=40",
-        "train.batch_size=8",   "train.micro_batch=2", "train.deterministic=true", "train.sample_tokens=0",
-        "train.warmup_steps=5", "train.lr=1e-3",       "dist.strategy=zero2"};
+    sets_ = {"data.train=" + glob_, "data.val=",           "model.vocab_size=1024", "model.n_layer=2",
+             "model.n_head=2",      "model.n_embd=64",     "model.seq_len=64",      "train.steps=40",
+             "train.batch_size=8",  "train.micro_batch=2", "train.sample_tokens=0", "train.warmup_steps=5",
+             "train.lr=1e-3",       "dist.strategy=zero2"};
   }
   void TearDown() override {
     if (!job_.empty()) (void)run_command("scancel " + job_ + " 2>/dev/null");

@@ -37,7 +37,7 @@ class Supervised : public ::testing::Test {
     train_ = " train --set 'data.train=" + glob_ +
              "' --set data.val= --set model.vocab_size=1024 --set model.n_layer=2 --set model.n_head=2"
              " --set model.n_embd=64 --set model.seq_len=64 --set train.steps=30 --set train.batch_size=8"
-             " --set train.micro_batch=2 --set train.deterministic=true"
+             " --set train.micro_batch=2"
              " --set train.sample_tokens=0 --set train.warmup_steps=5 --set train.lr=1e-3"
              " --set dist.strategy=zero1 --set train.device=" +
              test::test_device();

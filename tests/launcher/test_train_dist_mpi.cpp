@@ -46,7 +46,7 @@ class TrainDist : public ::testing::Test {
     base_ = test::blutrain_exe() + " train --set 'data.train=" + glob_ +
             "' --set data.val= --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=64"
             " --set model.seq_len=64 --set train.steps=20 --set train.batch_size=8 --set train.micro_batch=2"
-            " --set train.device=cpu --set train.deterministic=true --set train.sample_tokens=0"
+            " --set train.device=cpu --set train.sample_tokens=0"
             " --set train.warmup_steps=5 --set train.lr=1e-3";
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
