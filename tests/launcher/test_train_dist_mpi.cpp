@@ -1,9 +1,10 @@
 // `blutrain train` under real `mpirun -np 2|4` (oversubscribed): with the same
 // global batch, the per-step losses and the final weights of a job match
-// one process's for ddp, zero1, zero2 and zero3; a rank that fails ends the
-// whole job with its message, also when it is one rank failing while the
-// others wait for it in a collective (Note [One failing rank]; over NCCL on
-// a machine with 2 GPUs).
+// one process's for ddp, zero1, zero2 and zero3; in bf16, one process, ddp
+// and zero3 give the same bits, within bf16's rounding of fp32; a rank that
+// fails ends the whole job with its message, also when it is one rank failing
+// while the others wait for it in a collective (Note [One failing rank]; over
+// NCCL on a machine with 2 GPUs).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "checkpoint/weights.h"
 #include "runtime/core/device.h"
 #include "runtime/data/shard.h"
+#include "runtime/ops/elementwise.h"
 #include "tests/support/files.h"
 #include "tests/support/paths.h"
 #include "tests/support/run_command.h"
@@ -35,6 +37,10 @@ Result run(const std::string& cmd) { return test::run_command(cmd); }
 using test::jsonl_rows;
 using test::weight_diff;
 using test::WeightDiff;
+
+/// The bf16 runs (TrainDist.Bf16*): 8 steps of 4 sequences, clipping off.
+const std::string kBf16Run =
+    " --set train.precision=bf16 --set train.steps=8 --set train.batch_size=4 --set train.grad_clip=0";
 
 class TrainDist : public ::testing::Test {
  protected:
@@ -120,6 +126,107 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
           static_cast<double>(param_bytes) / static_cast<double>(4 * params));
     }
   }
+}
+
+// bf16 (train.precision=bf16: bf16 compute, f32 masters, gradients and AdamW)
+// runs 8 steps of 4 sequences in micro-batches of 2, clipping off. One process
+// adds the gradients of its two micro-batches, each from loss / 2: g1/2 + g2/2.
+// ddp and zero3 on 2 ranks compute one each and average: (g1 + g2) * 1/2.
+// Halving is exact (bf16 has f32's exponent range), so both are the same
+// rounding of the same sum, and each step takes the same f32 AdamW update: the
+// final weights must be the same bits (Note [Deterministic by construction] in
+// runtime/train/trainer.h). Clipping is off because zero3 sums the clip norm
+// per shard, so the coefficient could differ in its last bit; the norm itself
+// agrees to f32 rounding. The reported loss, float(l1 + l2) / 2 on one process
+// and (l1 + l2) / 2 in double over 2 ranks, is the same float. The one process
+// runs 3 pool threads, each rank 1: BT_NUM_THREADS must not change the bits.
+// OpenBLAS's thread count does (Note [Deterministic by construction]): 1 in all.
+TEST_F(TrainDist, Bf16OneProcessDdpAndZero3GiveTheSameBits) {
+  const std::string bf16 = base_ + kBf16Run;
+  Result one = run("BT_NUM_THREADS=3 OPENBLAS_NUM_THREADS=1 " + bf16 + " --metrics " + file("one.jsonl") +
+                   " --save-weights " + file("one.h5"));
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_NE(one.out.find("precision bf16"), std::string::npos) << one.out;
+  const std::vector<nlohmann::json> ref = jsonl_rows(file("one.jsonl"));
+  ASSERT_EQ(ref.size(), 8u);
+  const WeightFile wref = load_weights(file("one.h5"));
+  for (const std::string strategy : {"ddp", "zero3"}) {
+    Result r = run(test::mpirun_prefix(2) + bf16 + " --set dist.strategy=" + strategy + " --metrics " +
+                   file(strategy + ".jsonl") + " --save-weights " + file(strategy + ".h5"));
+    ASSERT_EQ(r.status, 0) << strategy << "\n" << r.out;
+    const std::vector<nlohmann::json> got = jsonl_rows(file(strategy + ".jsonl"));
+    ASSERT_EQ(got.size(), ref.size()) << strategy;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(static_cast<float>(got[i].at("loss").get<double>()),
+                static_cast<float>(ref[i].at("loss").get<double>()))
+          << strategy << ", step " << i + 1;
+      const double norm = got[i].at("grad_norm").get<double>(), want = ref[i].at("grad_norm").get<double>();
+      if (strategy == "ddp")
+        EXPECT_EQ(norm, want) << "ddp, step " << i + 1 << ": the norm is taken over the same gradients";
+      else
+        EXPECT_NEAR(norm, want, 1e-6 * want) << strategy << ", step " << i + 1;
+    }
+    const WeightDiff wd = weight_diff(load_weights(file(strategy + ".h5")).tensors, wref.tensors);
+    EXPECT_TRUE(wd.identical) << strategy << ": final weights differ from one process's, most in " << wd.where
+                              << " (" << wd.worst << " relative)";
+  }
+}
+
+// bf16 against fp32 from the same initial weights on the same data (one
+// process; ddp and zero3 give its bits, above). bf16 keeps 8 significant bits:
+// unit roundoff u = 2^-8 = 3.9e-3 on every activation, weight copy and
+// gradient, f32 keeps 24. Step 1 starts from the same weights, so it differs
+// by the rounding of one forward and backward alone, many roundings of both
+// signs averaged over 128 tokens: 1e-5 in the loss and 2e-5 in the gradient
+// norm. Then the weights differ too: AdamW moves each one by about lr, with
+// the relative error of its gradient (~u), and a few steps grow the gap. After
+// 8 steps, over train.seed 1..6 and 1337 (OpenBLAS 0.3.21, Haswell), we
+// measured at most 2.1e-4 = u/19 in the losses, 3.0e-3 = 0.76 u in the norms
+// and 4.9e-3 = 1.3 u in the updates ||w_bf16 - w_fp32|| / ||w_fp32 - w0||. The
+// bounds, u/8, 2 u and 4 u, are 2.3-3.2x those; a bf16 store that truncates
+// instead of rounding to nearest even gives 9.4e-4, 1.6e-2 and 9.7e-3 and
+// fails the first two. (The worst single tensor, at ~0.45, is the key third of
+// a c_attn.bias: its true gradient is exactly zero, so both runs update it
+// with rounding noise -- see EveryStrategyMatchesOneProcess.)
+TEST_F(TrainDist, Bf16StaysWithinBf16RoundingOfFp32) {
+  const std::string cfg = base_ + kBf16Run;
+  Result f = run(cfg + " --set train.precision=fp32 --metrics " + file("fp32.jsonl") + " --save-weights " +
+                 file("fp32.h5") + " --save-init " + file("w0.h5"));
+  ASSERT_EQ(f.status, 0) << f.out;
+  Result b = run(cfg + " --metrics " + file("bf16.jsonl") + " --save-weights " + file("bf16.h5"));
+  ASSERT_EQ(b.status, 0) << b.out;
+  const std::vector<nlohmann::json> rf = jsonl_rows(file("fp32.jsonl")), rb = jsonl_rows(file("bf16.jsonl"));
+  ASSERT_EQ(rf.size(), 8u);
+  ASSERT_EQ(rb.size(), rf.size());
+  double loss = 0, norm = 0;
+  bool same = true;
+  for (size_t i = 0; i < rf.size(); ++i) {
+    const double lf = rf[i].at("loss").get<double>(), lb = rb[i].at("loss").get<double>();
+    const double nf = rf[i].at("grad_norm").get<double>(), nb = rb[i].at("grad_norm").get<double>();
+    same = same && lf == lb;
+    loss = std::max(loss, std::fabs(lb - lf) / lf);
+    norm = std::max(norm, std::fabs(nb - nf) / nf);
+  }
+  // The updates: ||w_bf16 - w_fp32|| / ||w_fp32 - w0||, over every tensor.
+  const WeightFile w0 = load_weights(file("w0.h5")), wf = load_weights(file("fp32.h5")),
+                   wb = load_weights(file("bf16.h5"));
+  auto minus_w0 = [&](const WeightFile& w) {
+    std::vector<std::pair<std::string, Tensor>> d;
+    for (size_t k = 0; k < w.tensors.size(); ++k)
+      d.emplace_back(w.tensors[k].first, sub(w.tensors[k].second, w0.tensors[k].second));
+    return d;
+  };
+  const WeightDiff wd = weight_diff(minus_w0(wb), minus_w0(wf));
+  std::printf("bf16 against fp32: losses %.3e, norms %.3e, updates %.3e (worst %.3e in %s)\n", loss, norm,
+              wd.all, wd.worst, wd.where.c_str());
+  EXPECT_FALSE(same) << "bf16 gave fp32's losses: train.precision=bf16 did not take effect";
+  EXPECT_FALSE(wd.identical) << "bf16 gave fp32's weights: train.precision=bf16 did not take effect";
+  const double u = std::ldexp(1.0, -8);
+  EXPECT_LT(loss, u / 8) << "per-step losses, relative";
+  EXPECT_LT(norm, 2 * u) << "per-step gradient norms, relative";
+  EXPECT_LT(wd.all, 4 * u) << "the updates of 8 steps";
+  EXPECT_LT(rb.back().at("loss").get<double>(), rb.front().at("loss").get<double>() - 0.5)
+      << "the bf16 run must learn for the comparison to mean something";
 }
 
 TEST_F(TrainDist, AFailingRankEndsTheJobWithItsMessage) {
