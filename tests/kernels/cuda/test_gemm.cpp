@@ -281,6 +281,52 @@ TEST(CudaGemm, Tf32ToleranceRejectsBf16Inputs) {
   EXPECT_GT(rejected, 10);
 }
 
+/// `h` converted to bf16 (rounded to nearest even).
+HostBuf as_bf16(const HostBuf& h) {
+  HostBuf b(DType::BF16, h.n);
+  for (int64_t i = 0; i < h.n; ++i) b.set(i, h.get(i));
+  return b;
+}
+
+// The same on the GPU with a real bf16 GEMM: cuBLAS's, on the inputs rounded
+// to bf16, its results stored in bf16, against the CPU's fp32 GEMM of the
+// unrounded inputs. Every case of 64 or more outputs must fail the TF32 bound:
+// a TF32 path that ran in bf16 fails MatchesCpu. Measured on an H100 (seed 1,
+// bound about 1.0e-3): this bf16 GEMM 2.4e-3 to 3.3e-3; MatchesCpu's TF32
+// GEMMs 2.3e-4 to 3.1e-4. (Asking cuBLAS for CUBLAS_COMPUTE_32F_FAST_16BF on
+// f32 data cannot stand in for this: there it gave the FAST_TF32 results to
+// the last bit.)
+TEST(CudaGemm, Tf32ToleranceRejectsARealBf16Gemm) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  const Precision tf32 = kPrecisions[1];
+  int64_t rejected = 0;
+  for (const Case& c : cases()) {
+    const int64_t outputs = c.batch * c.m * c.n;
+    if (outputs < 64 || c.k == 0) continue;
+    SCOPED_TRACE(describe(tf32, c));
+    const Problem pr = make_problem(tf32, c, gen);
+    const auto [C_ref, P_ref] = cpu_gemm(pr, pr.A, pr.B);
+    DevBuf dA(as_bf16(pr.A)), dB(as_bf16(pr.B)), dBias(as_bf16(pr.bias)), dC(as_bf16(pr.C0)),
+        dP(static_cast<size_t>(pr.nc) * dtype_size(DType::BF16));
+    GemmArgs gg = pr.g;
+    gg.dtype = DType::BF16;
+    gg.allow_tf32 = false;
+    gg.a = dA.get();
+    gg.b = dB.get();
+    gg.c = dC.get();
+    gg.bias = pr.use_bias ? dBias.get() : nullptr;
+    gg.pre_gelu = pr.with_pre ? dP.get() : nullptr;
+    cuda::gemm(gg, nullptr);
+    const double err = rel_error(results(pr, dC.to_host(DType::BF16, pr.nc)), results(pr, C_ref));
+    EXPECT_GT(err, tolerance(tf32, c.k, outputs))
+        << "relative error " << err << ": a bf16 GEMM passes the TF32 tolerance";
+    ++rejected;
+  }
+  EXPECT_GT(rejected, 10);
+}
+
 TEST(CudaGemm, ReferenceGemmMatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
   BT_SEED(seed);
