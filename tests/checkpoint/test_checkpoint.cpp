@@ -302,12 +302,10 @@ TEST(Checkpoint, AFullDiskLeavesThePreviousCheckpoint) {
   fs::create_directories(root);
   if (::mount("tmpfs", root.c_str(), "tmpfs", 0, "size=1m") != 0) {
     const std::string why = std::strerror(errno);
-    // scripts/test as root (CI) can mount one: there a skip would hide the test.
+    // Where scripts/test could mount one (CI), a skip would hide the test.
     if (test::required("BT_REQUIRE_TMPFS"))
-      FAIL()
-          << "cannot mount a tmpfs here: " << why
-          << " (BT_REQUIRE_TMPFS=1, which scripts/test sets as root; where root lacks CAP_SYS_ADMIN, as in "
-             "a default container, set BT_REQUIRE_TMPFS=0)";
+      FAIL() << "cannot mount a tmpfs here: " << why
+             << " (BT_REQUIRE_TMPFS=1, which scripts/test sets where a probe mount of a tmpfs works)";
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): " << why;
   }
   struct Unmount {

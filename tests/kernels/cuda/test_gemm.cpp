@@ -155,6 +155,35 @@ std::pair<HostBuf, HostBuf> cpu_gemm(const Problem& pr, const HostBuf& A, const 
   return {std::move(C), std::move(P)};
 }
 
+/// A problem's inputs on the GPU in dtype `dt` (converted, rounding to nearest,
+/// when the problem's dtype differs), and its arguments pointing at them.
+struct OnDevice {
+  DevBuf A, B, bias, C, P;
+  GemmArgs g;
+
+  OnDevice(const Problem& pr, DType dt)
+      : A(as(pr.A, dt)),
+        B(as(pr.B, dt)),
+        bias(as(pr.bias, dt)),
+        C(as(pr.C0, dt)),
+        P(static_cast<size_t>(pr.nc) * dtype_size(dt)),
+        g(pr.g) {
+    if (dt != g.dtype) g.allow_tf32 = false;
+    g.dtype = dt;
+    g.a = A.get();
+    g.b = B.get();
+    g.c = C.get();
+    g.bias = pr.use_bias ? bias.get() : nullptr;
+    g.pre_gelu = pr.with_pre ? P.get() : nullptr;
+  }
+  static HostBuf as(const HostBuf& h, DType dt) {
+    if (h.dt == dt) return h;
+    HostBuf o(dt, h.n);
+    for (int64_t i = 0; i < h.n; ++i) o.set(i, h.get(i));
+    return o;
+  }
+};
+
 void run_case(const Precision& p, const Case& c, std::mt19937& gen) {
   SCOPED_TRACE(describe(p, c));
   const Problem pr = make_problem(p, c, gen);
@@ -162,22 +191,16 @@ void run_case(const Precision& p, const Case& c, std::mt19937& gen) {
   const auto [C_ref, P_ref] = cpu_gemm(pr, pr.A, pr.B);
 
   // GPU: C is poisoned when beta == 0 (it must not be read), else holds C0.
-  DevBuf dA(pr.A), dB(pr.B), dBias(pr.bias), dC(pr.C0), dP(static_cast<size_t>(pr.nc) * dtype_size(dt));
-  if (c.beta == 0.0f) dC.poison();
-  dP.poison();
-  GemmArgs gg = pr.g;
-  gg.a = dA.get();
-  gg.b = dB.get();
-  gg.c = dC.get();
-  gg.bias = pr.use_bias ? dBias.get() : nullptr;
-  gg.pre_gelu = c.with_pre ? dP.get() : nullptr;
-  cuda::gemm(gg, nullptr);
+  OnDevice d(pr, dt);
+  if (c.beta == 0.0f) d.C.poison();
+  d.P.poison();
+  cuda::gemm(d.g, nullptr);
   // Run twice: the second call takes the cached plan (and must give the same result).
-  if (c.beta == 0.0f) cuda::gemm(gg, nullptr);
+  if (c.beta == 0.0f) cuda::gemm(d.g, nullptr);
 
   const double tol = tolerance(p, c.k, c.batch * c.m * c.n);
-  BT_EXPECT_REL(results(pr, dC.to_host(dt, pr.nc)), results(pr, C_ref), tol, "C");
-  if (pr.compare_pre) BT_EXPECT_REL(results(pr, dP.to_host(dt, pr.nc)), results(pr, P_ref), tol, "pre_gelu");
+  BT_EXPECT_REL(results(pr, d.C.to_host(dt, pr.nc)), results(pr, C_ref), tol, "C");
+  if (pr.compare_pre) BT_EXPECT_REL(results(pr, d.P.to_host(dt, pr.nc)), results(pr, P_ref), tol, "pre_gelu");
 }
 
 const std::vector<Case>& cases() {
@@ -281,13 +304,6 @@ TEST(CudaGemm, Tf32ToleranceRejectsBf16Inputs) {
   EXPECT_GT(rejected, 10);
 }
 
-/// `h` converted to bf16 (rounded to nearest even).
-HostBuf as_bf16(const HostBuf& h) {
-  HostBuf b(DType::BF16, h.n);
-  for (int64_t i = 0; i < h.n; ++i) b.set(i, h.get(i));
-  return b;
-}
-
 // The same on the GPU with a real bf16 GEMM: cuBLAS's, on the inputs rounded
 // to bf16, its results stored in bf16, against the CPU's fp32 GEMM of the
 // unrounded inputs. Every case of 64 or more outputs must fail the TF32 bound:
@@ -308,18 +324,9 @@ TEST(CudaGemm, Tf32ToleranceRejectsARealBf16Gemm) {
     SCOPED_TRACE(describe(tf32, c));
     const Problem pr = make_problem(tf32, c, gen);
     const auto [C_ref, P_ref] = cpu_gemm(pr, pr.A, pr.B);
-    DevBuf dA(as_bf16(pr.A)), dB(as_bf16(pr.B)), dBias(as_bf16(pr.bias)), dC(as_bf16(pr.C0)),
-        dP(static_cast<size_t>(pr.nc) * dtype_size(DType::BF16));
-    GemmArgs gg = pr.g;
-    gg.dtype = DType::BF16;
-    gg.allow_tf32 = false;
-    gg.a = dA.get();
-    gg.b = dB.get();
-    gg.c = dC.get();
-    gg.bias = pr.use_bias ? dBias.get() : nullptr;
-    gg.pre_gelu = pr.with_pre ? dP.get() : nullptr;
-    cuda::gemm(gg, nullptr);
-    const double err = rel_error(results(pr, dC.to_host(DType::BF16, pr.nc)), results(pr, C_ref));
+    OnDevice d(pr, DType::BF16);
+    cuda::gemm(d.g, nullptr);
+    const double err = rel_error(results(pr, d.C.to_host(DType::BF16, pr.nc)), results(pr, C_ref));
     EXPECT_GT(err, tolerance(tf32, c.k, outputs))
         << "relative error " << err << ": a bf16 GEMM passes the TF32 tolerance";
     ++rejected;
