@@ -1,11 +1,15 @@
 // `blutrain bench`: training throughput and peak memory of BluTrain and of the
-// PyTorch reference (bench/gpt2_ref.py), measured in the same run on the same
-// token stream and model, with their ratio. The reference runs first, in its
+// PyTorch reference (bench/gpt2_ref.py) -- eager, under torch.compile, or both
+// (--reference) -- measured in the same run on the same token stream and
+// model, with BluTrain's ratio against each. Each reference runs first, in its
 // own process, so each side has the GPU to itself.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -50,7 +54,7 @@ Side run_reference(const std::string& cmd) {
   const int st = pclose(p);
   BT_CHECK(st == 0 && !last_json.empty(), "the PyTorch reference failed (exit status ", st,
            "); its output:\n", out,
-           "\nrun it alone to see why, or pass --no-reference to measure BluTrain only");
+           "\nrun it alone to see why, or pass --reference none to measure BluTrain only");
   const auto j = nlohmann::json::parse(last_json);
   Side s;
   s.tokens_per_s = j.at("tokens_per_s").get<double>();
@@ -82,6 +86,19 @@ Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   return out;
 }
 
+/// What each --reference mode runs, as the table names it.
+const std::map<std::string, std::string> kReferenceNames = {{"eager", "PyTorch eager"},
+                                                            {"compile", "torch.compile"}};
+
+/// The reference runs --reference asks for, in order.
+std::vector<std::string> reference_modes(const std::string& v) {
+  if (v == "both") return {"eager", "compile"};
+  if (v == "none") return {};
+  BT_CHECK(kReferenceNames.count(v), "blutrain bench: --reference '", v,
+           "' is not one of eager, compile, both, none");
+  return {v};
+}
+
 std::string write_random_shard(const std::string& dir, int64_t tokens, int64_t vocab) {
   std::mt19937_64 rng(1234);
   std::vector<uint16_t> t(static_cast<size_t>(tokens));
@@ -105,11 +122,14 @@ int run_bench(int argc, char** argv) {
       "steps", "timed steps", cli::value<int64_t>()->default_value("20"))(
       "warmup", "untimed steps first", cli::value<int64_t>()->default_value("5"))(
       "device", "cuda, cuda:N or cpu", cli::value<std::string>()->default_value("auto"))(
-      "reference", "the PyTorch reference script",
+      "reference", "PyTorch references to measure: eager, compile (torch.compile), both or none",
+      cli::value<std::string>()->default_value("both"))(
+      "reference-script", "the PyTorch reference script",
       cli::value<std::string>()->default_value("bench/gpt2_ref.py"))(
       "python", "Python interpreter with torch", cli::value<std::string>()->default_value("python3"))(
-      "reference-args", "extra arguments for the reference (e.g. --compile)",
-      cli::value<std::string>()->default_value(""))("no-reference", "measure BluTrain only")(
+      "reference-args", "extra arguments for every reference run",
+      cli::value<std::string>()->default_value(""))("no-reference",
+                                                    "measure BluTrain only (--reference none)")(
       "json", "also write the results to this JSON file", cli::value<std::string>())("h,help",
                                                                                      "show this help");
   cli::ParseResult r;
@@ -127,10 +147,13 @@ int run_bench(int argc, char** argv) {
   const int64_t steps = r["steps"].as<int64_t>(), warmup = r["warmup"].as<int64_t>();
   BT_CHECK(B > 0 && T > 0 && steps > 0 && warmup >= 0,
            "blutrain bench: --micro-batch, --seq and --steps must be > 0 and --warmup >= 0");
-  const bool with_ref = r.count("no-reference") == 0;
-  const std::string ref = r["reference"].as<std::string>();
-  BT_CHECK(!with_ref || std::filesystem::exists(ref), "blutrain bench: the reference script '", ref,
-           "' does not exist; run from the repository root, pass --reference PATH, or --no-reference");
+  const std::vector<std::string> modes = r.count("no-reference")
+                                             ? std::vector<std::string>{}
+                                             : reference_modes(r["reference"].as<std::string>());
+  const std::string ref = r["reference-script"].as<std::string>();
+  BT_CHECK(
+      modes.empty() || std::filesystem::exists(ref), "blutrain bench: the reference script '", ref,
+      "' does not exist; run from the repository root, pass --reference-script PATH, or --reference none");
 
   train::TrainConfig c;
   c.preset = preset;
@@ -159,13 +182,14 @@ int run_bench(int argc, char** argv) {
   for (std::string p; std::getline(precs, p, ',');) {
     parse_precision(p);
     c.train.precision = p;
-    Side theirs;
-    if (with_ref)
-      theirs = run_reference(fmt::format(
+    std::vector<Side> theirs;
+    for (const std::string& m : modes)
+      theirs.push_back(run_reference(fmt::format(
           "{} {} bench --preset {} --precision {} --micro-batch {} --seq {} --steps {} --warmup {} --data {} "
-          "--device {} --json {}",
+          "--device {} --json{} {}",
           shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, p, B, T, steps, warmup,
-          shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu", r["reference-args"].as<std::string>()));
+          shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu", m == "compile" ? " --compile" : "",
+          r["reference-args"].as<std::string>())));
     std::printf("blutrain: %s %s, micro-batch %lld x %lld, %lld timed steps after %lld warmup...\n",
                 preset.c_str(), p.c_str(), static_cast<long long>(B), static_cast<long long>(T),
                 static_cast<long long>(steps), static_cast<long long>(warmup));
@@ -180,29 +204,35 @@ int run_bench(int argc, char** argv) {
     j["blutrain_step_ms"] = ours.step_ms;
     j["blutrain_peak_mem_bytes"] = ours.peak_mem;
     if (mfu) j["blutrain_mfu"] = ours.tokens_per_s * fpt / *mfu;
-    if (with_ref) {
-      j["pytorch_tokens_per_s"] = theirs.tokens_per_s;
-      j["pytorch_peak_mem_bytes"] = theirs.peak_mem;
-      j["throughput_ratio"] = ours.tokens_per_s / theirs.tokens_per_s;
-      j["memory_ratio"] = theirs.peak_mem ? static_cast<double>(ours.peak_mem) / theirs.peak_mem : 0.0;
-      j["torch_version"] = theirs.note;
+    // One row per reference (a row without one when there is none): BluTrain's
+    // figures, the reference's, and BluTrain's ratio to it.
+    for (size_t i = 0; i < std::max<size_t>(modes.size(), 1); ++i) {
+      const Side* t = i < theirs.size() ? &theirs[i] : nullptr;
+      const std::string name = t ? kReferenceNames.at(modes[i]) : "-";
+      const double speed = t ? ours.tokens_per_s / t->tokens_per_s : 0.0;
+      const double mem = t && t->peak_mem ? static_cast<double>(ours.peak_mem) / t->peak_mem : 0.0;
+      if (t) {
+        const std::string k = modes[i];
+        j[k + "_tokens_per_s"] = t->tokens_per_s;
+        j[k + "_peak_mem_bytes"] = t->peak_mem;
+        j[k + "_throughput_ratio"] = speed;
+        j[k + "_memory_ratio"] = mem;
+        j["torch_version"] = t->note;
+      }
+      rows.push_back(fmt::format(
+          "| {} | {} | {:.1f}K | {} | {} | {} | {} | {} |", p, name, ours.tokens_per_s / 1e3,
+          t ? fmt::format("{:.1f}K", t->tokens_per_s / 1e3) : "-",
+          t ? fmt::format("**{:.3f}x**", speed) : "-", human_bytes(ours.peak_mem),
+          t ? human_bytes(t->peak_mem) : "-", t && t->peak_mem ? fmt::format("**{:.3f}x**", mem) : "-"));
     }
     results.push_back(j);
-    rows.push_back(
-        fmt::format("| {} | {:.1f}K | {} | {} | {} | {} | {} |", p, ours.tokens_per_s / 1e3,
-                    with_ref ? fmt::format("{:.1f}K", theirs.tokens_per_s / 1e3) : "-",
-                    with_ref ? fmt::format("**{:.3f}x**", ours.tokens_per_s / theirs.tokens_per_s) : "-",
-                    human_bytes(ours.peak_mem), with_ref ? human_bytes(theirs.peak_mem) : "-",
-                    with_ref && theirs.peak_mem
-                        ? fmt::format("**{:.3f}x**", static_cast<double>(ours.peak_mem) / theirs.peak_mem)
-                        : "-"));
   }
   std::printf("\n%s, T=%lld, micro-batch %lld, AdamW + clip 1.0, %lld timed steps, device %s\n\n",
               preset.c_str(), static_cast<long long>(T), static_cast<long long>(B),
               static_cast<long long>(steps), dev.str().c_str());
   std::printf(
-      "| precision | BluTrain tok/s | PyTorch eager tok/s | throughput ratio | BluTrain peak mem | "
-      "PyTorch peak mem | memory ratio |\n|---|---|---|---|---|---|---|\n");
+      "| precision | reference | BluTrain tok/s | reference tok/s | throughput ratio | BluTrain peak mem | "
+      "reference peak mem | memory ratio |\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& row : rows) std::printf("%s\n", row.c_str());
   if (r.count("json")) {
     std::ofstream f(r["json"].as<std::string>());

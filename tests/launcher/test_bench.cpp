@@ -1,0 +1,121 @@
+// `blutrain bench` against a stand-in reference script (the real one needs
+// torch and a GPU: scripts/gpu-fidelity runs it): each --reference mode runs
+// the script as it should (--compile for torch.compile), every reference gets
+// its own row and BluTrain's ratios against it, and bad input is named.
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/paths.h"
+#include "tests/support/run_command.h"
+#include "tests/support/temp_dir.h"
+
+namespace bt {
+namespace {
+
+class Bench : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Prints a line of chatter, then, with --json, its JSON result, as
+    // gpt2_ref.py does: eager 1000 tokens/s and 2 MiB, torch.compile 4000
+    // tokens/s and 1 MiB.
+    // Every call appends its arguments to ref.py.calls.
+    std::ofstream(script_) << "import json, sys\n"
+                              "open(sys.argv[0] + '.calls', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                              "if '--fail' in sys.argv: sys.exit('reference: no torch here')\n"
+                              "c = '--compile' in sys.argv\n"
+                              "print('gpt2_ref bench: warming up')\n"
+                              "if '--json' in sys.argv: print(json.dumps({'tokens_per_s': 4000.0 if c else "
+                              "1000.0, 'step_ms': 1.0,\n"
+                              "                  'peak_mem_bytes': 2**20 if c else 2**21,\n"
+                              "                  'torch_version': 'stand-in'}))\n";
+  }
+  /// `blutrain bench` of the tiny preset, one short step on the CPU, plus `args`.
+  test::CommandResult bench(const std::string& args) const {
+    return test::run_command(test::blutrain_exe() +
+                             " bench --preset tiny --device cpu --precision fp32 --micro-batch 1 --seq 16"
+                             " --steps 1 --warmup 0 --python python3 --reference-script " +
+                             script_ + " --json " + dir_.file("out.json") + " " + args);
+  }
+  /// The argument lines the script was called with, in order.
+  std::vector<std::string> calls() const {
+    std::vector<std::string> v;
+    std::ifstream f(script_ + ".calls");
+    for (std::string l; std::getline(f, l);) v.push_back(l);
+    return v;
+  }
+  nlohmann::json result() const { return nlohmann::json::parse(std::ifstream(dir_.file("out.json"))).at(0); }
+
+  test::TempDir dir_{"bt_bench"};
+  std::string script_ = dir_.file("ref.py");
+};
+
+TEST_F(Bench, BothReferencesRunAndEachGetsItsRatios) {
+  const test::CommandResult r = bench("");  // --reference both is the default
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<std::string> c = calls();
+  ASSERT_EQ(c.size(), 2u) << r.out;
+  EXPECT_EQ(c[0].find("--compile"), std::string::npos) << c[0];
+  EXPECT_NE(c[1].find("--compile"), std::string::npos) << c[1];
+  for (const std::string& l : c)
+    EXPECT_NE(l.find("--precision fp32 --micro-batch 1 --seq 16"), std::string::npos) << l;
+
+  const nlohmann::json j = result();
+  const double ours = j.at("blutrain_tokens_per_s").get<double>();
+  ASSERT_GT(ours, 0.0);
+  EXPECT_DOUBLE_EQ(j.at("eager_tokens_per_s").get<double>(), 1000.0);
+  EXPECT_DOUBLE_EQ(j.at("compile_tokens_per_s").get<double>(), 4000.0);
+  EXPECT_NEAR(j.at("eager_throughput_ratio").get<double>(), ours / 1000.0, 1e-12 * ours);
+  EXPECT_NEAR(j.at("compile_throughput_ratio").get<double>(), ours / 4000.0, 1e-12 * ours);
+  const double mem = static_cast<double>(j.at("blutrain_peak_mem_bytes").get<uint64_t>());
+  EXPECT_DOUBLE_EQ(j.at("eager_memory_ratio").get<double>(), mem / (1 << 21));
+  EXPECT_DOUBLE_EQ(j.at("compile_memory_ratio").get<double>(), mem / (1 << 20));
+  EXPECT_NE(r.out.find("| fp32 | PyTorch eager | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| fp32 | torch.compile | "), std::string::npos) << r.out;
+}
+
+TEST_F(Bench, OneReferenceOrNone) {
+  test::CommandResult r = bench("--reference compile");
+  ASSERT_EQ(r.status, 0) << r.out;
+  ASSERT_EQ(calls().size(), 1u);
+  EXPECT_NE(calls()[0].find("--compile"), std::string::npos);
+  EXPECT_FALSE(result().contains("eager_tokens_per_s")) << result();
+  EXPECT_EQ(r.out.find("| fp32 | PyTorch eager | "), std::string::npos) << r.out;
+
+  r = bench("--reference eager");
+  ASSERT_EQ(r.status, 0) << r.out;
+  ASSERT_EQ(calls().size(), 2u);
+  EXPECT_EQ(calls()[1].find("--compile"), std::string::npos);
+  EXPECT_FALSE(result().contains("compile_tokens_per_s")) << result();
+
+  for (const char* none : {"--reference none", "--no-reference"}) {
+    r = bench(none);
+    ASSERT_EQ(r.status, 0) << none << "\n" << r.out;
+    EXPECT_EQ(calls().size(), 2u) << none << ": no reference runs";
+    EXPECT_NE(r.out.find("| fp32 | - | "), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(Bench, BadReferencesAreNamed) {
+  test::CommandResult r = bench("--reference jit");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--reference 'jit' is not one of eager, compile, both, none"), std::string::npos)
+      << r.out;
+
+  r = test::run_command(test::blutrain_exe() + " bench --device cpu --reference-script " +
+                        dir_.file("none.py"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("none.py' does not exist"), std::string::npos) << r.out;
+
+  r = bench("--reference eager --reference-args=--fail");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("no torch here"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--reference none"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace bt
