@@ -5,7 +5,9 @@
 // A ProfileScope synchronizes the device before and after its body, so the
 // time it records is the body's device work plus its launch overhead, and the
 // step runs slower than without profiling: read the shares, not the total.
-// Nested scopes are recorded under "outer/inner" names.
+// Nested scopes are recorded under "outer/inner" names. In a CUDA build every
+// scope is also an NVTX range, profiling or not (Note [NVTX ranges] in
+// profiler.cpp), for Nsight Systems traces.
 #pragma once
 
 #include <string>
