@@ -19,15 +19,35 @@ void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
 
+namespace {
+
+/// Note [Stealing the gradient]: `g` is the only handle of a contiguous
+/// tensor of `shape` that alone fills its storage, outside any graph.
+bool sole_owner(const Tensor& g, const Shape& shape) {
+  const std::shared_ptr<TensorImpl>& impl = g.impl_ptr();
+  return !g.requires_grad() && impl.use_count() == 1 && impl->storage.use_count() == 1 && g.offset() == 0 &&
+         g.is_contiguous() && g.shape() == shape && impl->storage->nbytes == g.nbytes();
+}
+
+}  // namespace
+
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
   AutogradMeta& m = autograd::meta(leaf_);
   if (!m.grad.defined()) {
-    // A fresh buffer: the incoming gradient may alias another tensor's. Casts
-    // and contiguous() of a non-contiguous view already produce one.
+    // Note [Stealing the gradient]: the first gradient of a leaf becomes its
+    // .grad without a copy when nothing else can see the buffer -- this
+    // handle is the only one of its impl, the impl the only one of its
+    // storage, and the storage holds exactly this contiguous tensor (a fresh
+    // GEMM, reduction or cast output). Later accumulations add into it in
+    // place, which would otherwise write into memory another tensor, a saved
+    // activation or a view, still reads. Anything shared gets a fresh buffer;
+    // casts and contiguous() of a non-contiguous view already produce one.
     if (g.dtype() != leaf_.dtype())
       m.grad = g.to(leaf_.dtype());
+    else if (sole_owner(g, leaf_.shape()))
+      m.grad = std::move(g);
     else
       m.grad = g.is_contiguous() ? g.clone() : g.contiguous();
   } else {

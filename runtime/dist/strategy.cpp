@@ -34,7 +34,7 @@ class LocalStrategy : public Strategy {
   LocalStrategy(const StrategyOptions& o, std::vector<ParamSpec> ps)
       : specs_(ps), params_(tensors_of(ps)), opt_(full_adamw(ps, o.adamw)) {}
   std::string name() const override { return "local"; }
-  void zero_grad() override { opt_->zero_grad(); }
+  void zero_grad() override { opt_->zero_grad(/*set_to_none=*/true); }  // Note [Stealing the gradient]
   void before_backward(bool) override {}
   void after_backward() override {}
   double grad_norm() override { return global_grad_norm(params_); }

@@ -4,6 +4,7 @@
 
 #include "kernels/adamw.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/autograd/meta.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/tensor/factory.h"
 
@@ -66,8 +67,13 @@ void AdamW::step(double grad_scale) {
   }
 }
 
-void AdamW::zero_grad() {
-  for (State& s : state_) s.param.zero_grad();
+void AdamW::zero_grad(bool set_to_none) {
+  for (State& s : state_) {
+    if (!set_to_none)
+      s.param.zero_grad();
+    else if (AutogradMeta* m = autograd::meta_or_null(s.param))
+      m->grad = Tensor();
+  }
 }
 
 }  // namespace bt

@@ -32,7 +32,11 @@ class AdamW {
   /// Updates every parameter that has a gradient. `grad_scale` multiplies the
   /// gradients first (gradient clipping / accumulation averaging).
   void step(double grad_scale = 1.0);
-  void zero_grad();
+  /// Zeroes every gradient in place, or, with `set_to_none`, drops them: the
+  /// next backward's first gradient then becomes .grad without a copy (Note
+  /// [Stealing the gradient] in runtime/autograd/autograd.cpp) and no pass
+  /// zeroes memory. Parameters that get no gradient are skipped by step().
+  void zero_grad(bool set_to_none = false);
   void set_lr(double lr) { opts_.lr = lr; }
   double lr() const { return opts_.lr; }
   int64_t steps() const { return steps_; }

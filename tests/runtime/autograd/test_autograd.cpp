@@ -24,6 +24,42 @@ TEST(Autograd, GradientsAccumulateAcrossBackwards) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, 0, 0}));
 }
 
+// Note [Stealing the gradient]: a leaf's first gradient becomes its .grad
+// without a copy only when nothing else holds the buffer. Here add's backward
+// hands one gradient to both leaves (and a view of another to a third): each
+// .grad must be a buffer of its own, so accumulating into one leaves the
+// others as they were. The fresh product gradient of w may be taken as is.
+TEST(Autograd, ASharedGradientIsNotStolen) {
+  Tensor a = param({1, 2}), b = param({3, 4}), c = param({5, 6, 7, 8}), w = param({1, 2});
+  Tensor s = add(a, b);  // AddBackward: the same gradient for a and b
+  sum(add(mul(s, 2.0), add(c.view({2, 2}).select(0, 1), mul(w, w)))).backward();
+  EXPECT_FALSE(a.grad().shares_storage(b.grad()));
+  EXPECT_FALSE(a.grad().shares_storage(c.grad()));
+  EXPECT_FALSE(b.grad().shares_storage(c.grad()));
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(c.grad().to_vector<float>(), (std::vector<float>{0, 0, 1, 1}));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2, 4}));
+  sum(mul(a, 5.0)).backward();  // accumulates into a's .grad in place
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{7, 7}));
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(c.grad().to_vector<float>(), (std::vector<float>{0, 0, 1, 1}));
+}
+
+// zero_grad(set_to_none) drops the gradients; the next backward starts them
+// afresh (the local strategy's way: Note [Stealing the gradient]).
+TEST(Autograd, DroppedGradientsStartAfresh) {
+  Tensor x = param({1, 2, 3});
+  AdamW opt({x}, AdamWOptions{});
+  sum(mul(x, x)).backward();
+  opt.zero_grad(/*set_to_none=*/true);
+  EXPECT_FALSE(x.grad().defined());
+  opt.step();  // nothing to update
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  sum(mul(x, 3.0)).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3, 3}));
+}
+
 TEST(Autograd, SharedSubexpressionSumsBothPaths) {
   Tensor x = param({2});
   Tensor y = mul(x, x);  // used twice
