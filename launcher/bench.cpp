@@ -95,7 +95,10 @@ std::vector<std::string> reference_modes(const std::string& v) {
   if (v == "both") return {"eager", "compile"};
   if (v == "none") return {};
   BT_CHECK(kReferenceNames.count(v), "blutrain bench: --reference '", v,
-           "' is not one of eager, compile, both, none");
+           "' is not one of eager, compile, both, none",
+           v.find('/') != std::string::npos || v.ends_with(".py")
+               ? " (the reference script's path is --reference-script now)"
+               : "");
   return {v};
 }
 

@@ -106,6 +106,10 @@ TEST_F(Bench, BadReferencesAreNamed) {
   EXPECT_NE(r.out.find("--reference 'jit' is not one of eager, compile, both, none"), std::string::npos)
       << r.out;
 
+  r = bench("--reference bench/gpt2_ref.py");  // the option's meaning before --reference-script
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("the reference script's path is --reference-script now"), std::string::npos) << r.out;
+
   r = test::run_command(test::blutrain_exe() + " bench --device cpu --reference-script " +
                         dir_.file("none.py"));
   EXPECT_NE(r.status, 0);
