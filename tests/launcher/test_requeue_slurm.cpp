@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/weights.h"
+#include "tests/support/fetched_data.h"
 #include "tests/support/files.h"
 #include "tests/support/paths.h"
 #include "tests/support/run_command.h"
@@ -41,8 +42,7 @@ class SlurmJob : public ::testing::Test {
     const char* conf = std::getenv("SLURM_CONF");
     const bool cluster = conf && *conf && run_command("sinfo -h -o %t 2>&1").status == 0;
     if (!cluster) {
-      const char* req = std::getenv("BT_REQUIRE_SLURM");
-      if (req && std::string(req) == "1")
+      if (test::required("BT_REQUIRE_SLURM"))
         FAIL() << "no Slurm cluster (SLURM_CONF=" << (conf ? conf : "unset")
                << "): scripts/test starts one with scripts/slurm-local";
       GTEST_SKIP() << "no Slurm cluster: start one with `scripts/slurm-local start` and export SLURM_CONF";

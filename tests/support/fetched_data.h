@@ -2,7 +2,8 @@
 // what to do when it is missing. They skip, unless BT_REQUIRE_DATA=1 (set by
 // scripts/test, which fetches the data first), in which case they fail. Other
 // BT_REQUIRE_* switches (required()) do the same for what a test needs of the
-// machine: BT_REQUIRE_TMPFS (scripts/test sets it as root).
+// machine: BT_REQUIRE_TMPFS (scripts/test sets it where a tmpfs mounts) and
+// BT_REQUIRE_SLURM (where it starts its Slurm cluster).
 #pragma once
 
 #include <cstdlib>
