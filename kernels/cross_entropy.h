@@ -2,6 +2,7 @@
 // log-sum-exp and loss in one pass, the backward writes
 //   dlogits = (softmax(logits) - onehot(target)) * dloss[row]
 // straight from the logits, so probabilities are never materialized.
+// dlogits may be the logits buffer itself (the gradient overwrites them).
 //
 // logits: [rows, ld] (dt = F32, F64 on CPU, BF16); only the first `vocab`
 // columns take part (the rest is vocabulary padding, gradient 0).

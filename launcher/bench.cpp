@@ -124,7 +124,9 @@ int run_bench(int argc, char** argv) {
       "seq", "sequence length (<= the preset's)", cli::value<int64_t>()->default_value("1024"))(
       "steps", "timed steps", cli::value<int64_t>()->default_value("20"))(
       "warmup", "untimed steps first", cli::value<int64_t>()->default_value("5"))(
-      "device", "cuda, cuda:N or cpu", cli::value<std::string>()->default_value("auto"))(
+      "recompute", "comma-separated train.recompute modes to measure BluTrain in: none, selective, full",
+      cli::value<std::string>()->default_value("none"))("device", "cuda, cuda:N or cpu",
+                                                        cli::value<std::string>()->default_value("auto"))(
       "reference", "PyTorch references to measure: eager, compile (torch.compile), both or none",
       cli::value<std::string>()->default_value("both"))(
       "reference-script", "the PyTorch reference script",
@@ -181,6 +183,17 @@ int run_bench(int argc, char** argv) {
 
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   std::vector<std::string> rows;
+  std::vector<std::string> recompute_modes;
+  std::stringstream rcs(r["recompute"].as<std::string>());
+  for (std::string m; std::getline(rcs, m, ',');) {
+    try {
+      parse_recompute(m);
+    } catch (const Error& e) {
+      BT_FAIL("blutrain bench --recompute: ", e.what());
+    }
+    recompute_modes.push_back(m);
+  }
+  BT_CHECK(!recompute_modes.empty(), "blutrain bench --recompute: name at least one mode");
   std::stringstream precs(r["precision"].as<std::string>());
   for (std::string p; std::getline(precs, p, ',');) {
     parse_precision(p);
@@ -193,42 +206,48 @@ int run_bench(int argc, char** argv) {
           shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, p, B, T, steps, warmup,
           shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu", m == "compile" ? " --compile" : "",
           r["reference-args"].as<std::string>())));
-    std::printf("blutrain: %s %s, micro-batch %lld x %lld, %lld timed steps after %lld warmup...\n",
-                preset.c_str(), p.c_str(), static_cast<long long>(B), static_cast<long long>(T),
-                static_cast<long long>(steps), static_cast<long long>(warmup));
-    std::fflush(stdout);
-    const Side ours = run_blutrain(c, warmup, steps);
-    if (dev.is_cuda()) cuda_empty_cache(dev.index);
-    const auto mfu = peak_flops(dev, parse_precision(p));
-    const double fpt = c.model.flops_per_token(T);
-    nlohmann::ordered_json j;
-    j["precision"] = p;
-    j["blutrain_tokens_per_s"] = ours.tokens_per_s;
-    j["blutrain_step_ms"] = ours.step_ms;
-    j["blutrain_peak_mem_bytes"] = ours.peak_mem;
-    if (mfu) j["blutrain_mfu"] = ours.tokens_per_s * fpt / *mfu;
-    // One row per reference (a row without one when there is none): BluTrain's
-    // figures, the reference's, and BluTrain's ratio to it.
-    for (size_t i = 0; i < std::max<size_t>(modes.size(), 1); ++i) {
-      const Side* t = i < theirs.size() ? &theirs[i] : nullptr;
-      const std::string name = t ? kReferenceNames.at(modes[i]) : "-";
-      const double speed = t ? ours.tokens_per_s / t->tokens_per_s : 0.0;
-      const double mem = t && t->peak_mem ? static_cast<double>(ours.peak_mem) / t->peak_mem : 0.0;
-      if (t) {
-        const std::string k = modes[i];
-        j[k + "_tokens_per_s"] = t->tokens_per_s;
-        j[k + "_peak_mem_bytes"] = t->peak_mem;
-        j[k + "_throughput_ratio"] = speed;
-        j[k + "_memory_ratio"] = mem;
-        j["torch_version"] = t->note;
+    for (const std::string& rc : recompute_modes) {
+      c.train.recompute = rc;
+      std::printf(
+          "blutrain: %s %s, recompute %s, micro-batch %lld x %lld, %lld timed steps after %lld warmup...\n",
+          preset.c_str(), p.c_str(), rc.c_str(), static_cast<long long>(B), static_cast<long long>(T),
+          static_cast<long long>(steps), static_cast<long long>(warmup));
+      std::fflush(stdout);
+      const Side ours = run_blutrain(c, warmup, steps);
+      if (dev.is_cuda()) cuda_empty_cache(dev.index);
+      const auto mfu = peak_flops(dev, parse_precision(p));
+      const double fpt = c.model.flops_per_token(T);
+      nlohmann::ordered_json j;
+      j["precision"] = p;
+      j["recompute"] = rc;
+      const std::string label = rc == "none" ? p : p + " (" + rc + ")";
+      j["blutrain_tokens_per_s"] = ours.tokens_per_s;
+      j["blutrain_step_ms"] = ours.step_ms;
+      j["blutrain_peak_mem_bytes"] = ours.peak_mem;
+      if (mfu) j["blutrain_mfu"] = ours.tokens_per_s * fpt / *mfu;
+      // One row per reference (a row without one when there is none): BluTrain's
+      // figures, the reference's, and BluTrain's ratio to it.
+      for (size_t i = 0; i < std::max<size_t>(modes.size(), 1); ++i) {
+        const Side* t = i < theirs.size() ? &theirs[i] : nullptr;
+        const std::string name = t ? kReferenceNames.at(modes[i]) : "-";
+        const double speed = t ? ours.tokens_per_s / t->tokens_per_s : 0.0;
+        const double mem = t && t->peak_mem ? static_cast<double>(ours.peak_mem) / t->peak_mem : 0.0;
+        if (t) {
+          const std::string k = modes[i];
+          j[k + "_tokens_per_s"] = t->tokens_per_s;
+          j[k + "_peak_mem_bytes"] = t->peak_mem;
+          j[k + "_throughput_ratio"] = speed;
+          j[k + "_memory_ratio"] = mem;
+          j["torch_version"] = t->note;
+        }
+        rows.push_back(fmt::format(
+            "| {} | {} | {:.1f}K | {} | {} | {} | {} | {} |", label, name, ours.tokens_per_s / 1e3,
+            t ? fmt::format("{:.1f}K", t->tokens_per_s / 1e3) : "-",
+            t ? fmt::format("**{:.3f}x**", speed) : "-", human_bytes(ours.peak_mem),
+            t ? human_bytes(t->peak_mem) : "-", t && t->peak_mem ? fmt::format("**{:.3f}x**", mem) : "-"));
       }
-      rows.push_back(fmt::format(
-          "| {} | {} | {:.1f}K | {} | {} | {} | {} | {} |", p, name, ours.tokens_per_s / 1e3,
-          t ? fmt::format("{:.1f}K", t->tokens_per_s / 1e3) : "-",
-          t ? fmt::format("**{:.3f}x**", speed) : "-", human_bytes(ours.peak_mem),
-          t ? human_bytes(t->peak_mem) : "-", t && t->peak_mem ? fmt::format("**{:.3f}x**", mem) : "-"));
+      results.push_back(j);
     }
-    results.push_back(j);
   }
   std::printf("\n%s, T=%lld, micro-batch %lld, AdamW + clip 1.0, %lld timed steps, device %s\n\n",
               preset.c_str(), static_cast<long long>(T), static_cast<long long>(B),

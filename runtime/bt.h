@@ -1,7 +1,9 @@
 // The public runtime API in one include.
 #pragma once
 
+#include "runtime/autograd/checkpoint.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/autograd/recompute.h"
 #include "runtime/core/device.h"
 #include "runtime/core/precision.h"
 #include "runtime/core/stream.h"

@@ -73,9 +73,11 @@ __device__ __forceinline__ float ce_grad(float x, int64_t c, int64_t vocab, int3
 
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    ce_bwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
-                  const int32_t* __restrict__ targets, const float* __restrict__ lse,
-                  const float* __restrict__ dloss, T* __restrict__ dlogits) {
+    ce_bwd_kernel(const T* logits, int64_t vocab, int64_t ld, const int32_t* __restrict__ targets,
+                  const float* __restrict__ lse, const float* __restrict__ dloss, T* dlogits) {
+  // logits and dlogits may be the same buffer (the runtime writes the gradient
+  // over logits nobody else holds): each element is read, then written, by one
+  // thread, so neither pointer is __restrict__.
   const int64_t row = blockIdx.x;
   const T* p = logits + row * ld;
   T* d = dlogits + row * ld;

@@ -21,10 +21,19 @@ void accumulate(std::vector<Tensor>& buf, uint32_t slot, Tensor g) {
   buf[slot] = buf[slot].defined() ? add(buf[slot], g) : std::move(g);
 }
 
+thread_local bool t_retain = false;
+
 }  // namespace
+
+bool retaining_graph() { return t_retain; }
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   NoGradGuard no_grad;
+  struct Retain {
+    bool prev = t_retain;
+    explicit Retain(bool on) { t_retain = on; }
+    ~Retain() { t_retain = prev; }
+  } retain(retain_graph);
   BT_ASSERT(roots.size() == grads.size());
 
   // Count, for every node reachable from the roots, how many edges lead into it.

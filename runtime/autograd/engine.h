@@ -15,4 +15,9 @@ namespace bt::autograd {
 /// Without retain_graph, each node frees its saved tensors after it runs.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
 
+/// Whether the backward pass running on this thread keeps the saved tensors
+/// for another pass (retain_graph). A node may write its gradient over a
+/// saved buffer nobody else holds only when it does not.
+bool retaining_graph();
+
 }  // namespace bt::autograd

@@ -21,4 +21,17 @@ class NoGradGuard {
   bool prev_;
 };
 
+/// Sets grad mode for its scope (a checkpointed region's rerun turns it on
+/// inside a backward pass, which runs with it off).
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool on) : prev_(GradMode::enabled()) { GradMode::set_enabled(on); }
+  ~GradModeGuard() { GradMode::set_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 }  // namespace bt

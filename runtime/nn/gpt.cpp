@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/common/error.h"
+#include "runtime/autograd/checkpoint.h"
 #include "runtime/core/profiler.h"
 #include "runtime/ops/attention.h"
 #include "runtime/ops/cross_entropy.h"
@@ -114,34 +115,41 @@ Tensor Gpt::compute(const Tensor& p) const {
   return precision() == Precision::BF16 ? p.to(DType::BF16) : p;
 }
 
+Tensor Gpt::block(const Block& b, Tensor x) const {
+  Tensor qkv =
+      linear(layer_norm(x, compute(b.ln1_w), compute(b.ln1_b)), compute(b.attn_w), compute(b.attn_b));
+  Tensor att;
+  {
+    ProfileScope prof_attn("attention");
+    att = causal_self_attention(qkv, cfg_.n_head);  // [B, T, 3C] -> [B, T, C], heads read and merged in place
+  }
+  x = add(x, linear(att, compute(b.proj_w), compute(b.proj_b)));
+  Tensor h = linear(layer_norm(x, compute(b.ln2_w), compute(b.ln2_b)), compute(b.fc_w), compute(b.fc_b),
+                    Activation::Gelu);
+  return add(x, linear(h, compute(b.out_w), compute(b.out_b)));
+}
+
 Tensor Gpt::forward(const Tensor& idx) const {
   BT_CHECK(idx.dim() == 2 && idx.dtype() == DType::I32, "Gpt::forward: token ids must be i32 [B, T], got ",
            idx.dtype(), " ", shape_str(idx.shape()));
-  const int64_t T = idx.size(1), H = cfg_.n_head;
+  const int64_t T = idx.size(1);
   BT_CHECK(T >= 1 && T <= cfg_.seq_len, "Gpt::forward: sequence length ", T,
            " is outside [1, model.seq_len=", cfg_.seq_len, "]");
   BT_CHECK(idx.device() == device_, "Gpt::forward: token ids are on ", idx.device(), " but the model is on ",
            device_);
+  autograd::RecomputeGuard recompute(recompute_);
   if (source_) source_->enter(0);
   const Tensor wte = compute(wte_);
   Tensor pos = arange(T, TensorOptions{DType::I32, device_});
   Tensor x = add(embedding(wte, idx), embedding(compute(wpe_), pos));
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    const Block& b = blocks_[l];
     const int unit = static_cast<int>(l) + 1;
     ProfileScope prof("block");
     if (source_) source_->enter(unit);
-    Tensor qkv =
-        linear(layer_norm(x, compute(b.ln1_w), compute(b.ln1_b)), compute(b.attn_w), compute(b.attn_b));
-    Tensor att;
-    {
-      ProfileScope prof_attn("attention");
-      att = causal_self_attention(qkv, H);  // [B, T, 3C] -> [B, T, C], heads read and merged in place
-    }
-    x = add(x, linear(att, compute(b.proj_w), compute(b.proj_b)));
-    Tensor h = linear(layer_norm(x, compute(b.ln2_w), compute(b.ln2_b)), compute(b.fc_w), compute(b.fc_b),
-                      Activation::Gelu);
-    x = add(x, linear(h, compute(b.out_w), compute(b.out_b)));
+    if (recompute_ == Recompute::Full)
+      x = autograd::checkpoint([this, l](const Tensor& in) { return block(blocks_[l], in); }, x);
+    else
+      x = block(blocks_[l], x);
     if (source_) x = source_->leave(unit, x);
   }
   ProfileScope prof("head");

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
 #include "runtime/nn/weight_source.h"
 #include "runtime/tensor/factory.h"
@@ -76,6 +77,11 @@ class Gpt {
   std::vector<int> param_units() const;
   /// Forward takes its weights from `s` (not owned; null: the parameters).
   void set_weight_source(WeightSource* s) { source_ = s; }
+  /// Which activations backward rebuilds (runtime/autograd/recompute.h): none
+  /// keeps them all; selective rebuilds LayerNorm and GELU outputs; full also
+  /// reruns each block's forward, keeping only the block inputs.
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   struct Block {
@@ -83,11 +89,13 @@ class Gpt {
   };
   Tensor add_param(const std::string& name, const Shape& shape, double std, double fill, Generator& g);
   Tensor compute(const Tensor& p) const;
+  Tensor block(const Block& b, Tensor x) const;
 
   GptConfig cfg_;
   Device device_;
   NamedTensors params_;
   WeightSource* source_ = nullptr;
+  Recompute recompute_ = Recompute::None;
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Block> blocks_;
 };

@@ -1,6 +1,7 @@
 #include "runtime/ops/cross_entropy.h"
 
 #include "kernels/cross_entropy.h"
+#include "runtime/autograd/engine.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/ops/dispatch.h"
@@ -57,7 +58,15 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
                        Tensor logits = sl.unpack(), targets = st.unpack(), lse = slse.unpack();
                        // d(mean)/d(loss_row) = g / valid for every row (ignored rows get 0 in the kernel).
                        Tensor dloss = mul(g[0].to(DType::F32), inv).reshape({1}).expand({rows}).contiguous();
-                       Tensor dlogits = empty(logits.shape(), logits.options());
+                       // Note [Gradient over the logits]: the logits are the largest
+                       // activation (rows x padded vocabulary); when this node's
+                       // saved copy is the only handle left on their storage and
+                       // the graph is freed after this pass, the gradient
+                       // overwrites them instead of taking a second buffer as large.
+                       const bool reuse =
+                           !autograd::retaining_graph() && logits.impl_ptr()->storage.use_count() == 1;
+                       Tensor dlogits = reuse ? logits : empty(logits.shape(), logits.options());
+                       if (reuse) logits.bump_version();
                        kernels::CrossEntropyArgs a{logits.dtype(),         logits.data_ptr(), rows, vocab, ld,
                                                    targets.data<int32_t>()};
                        detail::on_device(

@@ -2,6 +2,7 @@
 
 #include "kernels/gelu.h"
 #include "runtime/autograd/function.h"
+#include "runtime/autograd/recompute.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/tensor/factory.h"
 
@@ -15,11 +16,13 @@ Tensor gelu(const Tensor& x_in) {
   detail::on_device(
       x.device(), [&] { kernels::cpu::gelu_forward(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel()); },
       BT_CUDA_LAMBDA(kernels::cuda::gelu_forward(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), stream)));
-  if (autograd::any_requires_grad({&x_in}))
+  if (autograd::any_requires_grad({&x_in})) {
+    autograd::make_recomputable(y, [sx = SavedTensor(x, "gelu")] { return gelu(sx.unpack()); });
     autograd::record("GeluBackward", {&x_in}, y,
                      [sx = SavedTensor(x, "gelu")](autograd::Grads& g) -> autograd::Grads {
                        return {gelu_backward(sx.unpack(), g[0])};
                      });
+  }
   return y;
 }
 

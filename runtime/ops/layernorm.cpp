@@ -2,6 +2,7 @@
 
 #include "kernels/layernorm.h"
 #include "runtime/autograd/function.h"
+#include "runtime/autograd/recompute.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/tensor/factory.h"
 
@@ -37,7 +38,10 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
       BT_CUDA_LAMBDA(kernels::cuda::layernorm_forward(x.dtype(), x.data_ptr(), wp, bp, y.data_ptr(),
                                                       mean.data<float>(), rstd.data<float>(), R, C, e,
                                                       stream)));
-  if (autograd::any_requires_grad({&x_in, &w_in, &b_in}))
+  if (autograd::any_requires_grad({&x_in, &w_in, &b_in})) {
+    autograd::make_recomputable(y, [sx = SavedTensor(x, "layer_norm"), sw = SavedTensor(w, "layer_norm"),
+                                    sb = SavedTensor(b, "layer_norm"),
+                                    eps] { return layer_norm(sx.unpack(), sw.unpack(), sb.unpack(), eps); });
     autograd::record(
         "LayerNormBackward", {&x_in, &w_in, &b_in}, y,
         [sx = SavedTensor(x, "layer_norm"), sw = SavedTensor(w, "layer_norm"),
@@ -67,6 +71,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
                                                     dwp, dbp, R, C, scratch.data<float>(), stream)));
           return {dx, dw, db};
         });
+  }
   return y;
 }
 

@@ -2,6 +2,7 @@
 
 #include "kernels/gemm.h"
 #include "runtime/autograd/function.h"
+#include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/gelu.h"
@@ -166,13 +167,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
     BT_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "linear: bias shape ", shape_str(bias.shape()),
              " does not match ", w.size(0), " output features");
   }
+  const bool need_grad = autograd::any_requires_grad({&x, &w, &bias});
+  // The GEMM's GELU epilogue and the GELU kernel may differ in the last bits,
+  // and a recompute must rebuild the very values the forward used (Note
+  // [Selective recompute]; under full recompute the forward runs once without
+  // and once with a graph, which must agree): under recompute, GELU is its own
+  // kernel whether or not a graph is recorded.
+  if (act == Activation::Gelu && autograd::recompute_mode() != Recompute::None)
+    return gelu(linear(x, w, bias));
   const int64_t in = w.size(1), out = w.size(0);
   Tensor x2 = x.reshape({-1, in}).contiguous();
   Tensor wc = w.contiguous();
   Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
   const int64_t rows = x2.size(0);
   Tensor y = empty({rows, out}, x.options());
-  const bool need_grad = autograd::any_requires_grad({&x, &w, &bias});
   Tensor pre = act == Activation::Gelu && need_grad ? empty({rows, out}, x.options()) : Tensor();
   if (rows > 0) {
     kernels::GemmArgs g;

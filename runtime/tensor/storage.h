@@ -12,6 +12,14 @@
 
 namespace bt {
 
+/// What autograd's selective recompute hangs on a storage it can rebuild
+/// (runtime/autograd/recompute.h derives the recipe from it). Any in-place
+/// write to the storage sets `written`: the recipe no longer describes it.
+struct RecomputeTag {
+  std::atomic<bool> written{false};
+  virtual ~RecomputeTag() = default;
+};
+
 // Note [Version counter]
 // Every in-place write to a storage bumps `version`. Views share the storage
 // and so share the counter. Autograd records the version of each tensor it
@@ -24,6 +32,7 @@ struct Storage {
   Allocator* allocator = nullptr;  // null: memory owned elsewhere (from_blob)
   bool pinned = false;
   std::atomic<uint64_t> version{0};
+  std::shared_ptr<RecomputeTag> recompute;  // Note [Selective recompute]
 
   Storage() = default;
   Storage(const Storage&) = delete;

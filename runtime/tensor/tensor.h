@@ -106,7 +106,10 @@ class Tensor {
   Tensor& add_(const Tensor& other, double alpha = 1.0);
   Tensor& mul_(double factor);
   uint64_t version() const { return impl_->storage->version.load(); }
-  void bump_version() const { impl_->storage->version.fetch_add(1); }
+  void bump_version() const {
+    impl_->storage->version.fetch_add(1);
+    if (impl_->storage->recompute) impl_->storage->recompute->written = true;
+  }
 
   // ---- values
   template <typename T>

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/common/error.h"
+#include "runtime/autograd/recompute.h"
 #include "runtime/core/device.h"
 #include "runtime/core/precision.h"
 
@@ -76,6 +77,11 @@ void TrainConfig::validate(int world) const {
     parse_precision(t.precision);
   } catch (const Error& e) {
     BT_FAIL("train.precision: ", e.what());
+  }
+  try {
+    parse_recompute(t.recompute);
+  } catch (const Error& e) {
+    BT_FAIL("train.recompute: ", e.what());
   }
   non_negative("train.eval_every", static_cast<double>(t.eval_every));
   positive("train.eval_batches", static_cast<double>(t.eval_batches));

@@ -195,6 +195,13 @@ TEST_F(TrainerTest, BadConfigsNameTheKey) {
   c.train.precision = "fp8";
   EXPECT_NE(error_of(c).find("train.precision"), std::string::npos) << error_of(c);
   c = config();
+  c.train.recompute = "some";
+  EXPECT_NE(
+      error_of(c).find("train.recompute: unknown recompute mode 'some'; choose one of: none, selective, "
+                       "full"),
+      std::string::npos)
+      << error_of(c);
+  c = config();
   c.data.train = dir_.file("nothing_*.bin");
   EXPECT_NE(error_of(c).find("nothing_*.bin"), std::string::npos) << error_of(c);
   c = config();

@@ -1,8 +1,13 @@
 // Trainer on one GPU: Note [Deterministic by construction] (runtime/train/
 // trainer.h) holds there too -- two runs of one config give the same losses,
 // gradient norms and weights, bit for bit, in fp32, tf32 and bf16.
+#include <cstdio>
+#include <map>
+#include <string>
+
 #include <gtest/gtest.h>
 
+#include "runtime/alloc/allocator.h"
 #include "runtime/bt.h"
 #include "runtime/train/trainer.h"
 #include "tests/support/temp_dir.h"
@@ -37,9 +42,7 @@ class TrainerGpu : public ::testing::TestWithParam<const char*> {};
 // micro-batch (bias gradients take the split reductions), repeated tokens
 // (each embedding row's gradient sums many positions), two micro-batches per
 // step and clipping on.
-TEST_P(TrainerGpu, SameConfigIsBitwiseIdentical) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  test::TempDir dir("bt_trainer_gpu");
+TrainConfig small_config(const test::TempDir& dir, const char* precision) {
   TrainConfig c;
   c.model.n_layer = 2;
   c.model.n_head = 2;
@@ -49,13 +52,20 @@ TEST_P(TrainerGpu, SameConfigIsBitwiseIdentical) {
   c.data.train = test::write_token_shards(dir.path().string(), "train", 2, 20'000, 1024, 3);
   c.data.val = "";
   c.train.device = "cuda";
-  c.train.precision = GetParam();
+  c.train.precision = precision;
   c.train.steps = 10;
   c.train.batch_size = 16;
   c.train.micro_batch = 8;
   c.train.lr = 3e-3;
   c.train.warmup_steps = 2;
   c.train.grad_clip = 0.5;
+  return c;
+}
+
+TEST_P(TrainerGpu, SameConfigIsBitwiseIdentical) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir("bt_trainer_gpu");
+  const TrainConfig c = small_config(dir, GetParam());
   const Outcome a = train(c), b = train(c);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.norms, b.norms);
@@ -65,6 +75,36 @@ TEST_P(TrainerGpu, SameConfigIsBitwiseIdentical) {
   EXPECT_EQ(differ, 0u) << "of " << a.params.size() << " weights differ";
   EXPECT_LT(a.losses.back(), a.losses.front() - 0.5)
       << "the runs must learn for the comparison to mean something";
+}
+
+// train.recompute on the GPU: selective and full recompute run the same
+// kernels (GELU as its own kernel, Note [Checkpointed regions]) and give the
+// same bits; no recompute fuses GELU into the GEMM, whose epilogue may round
+// differently, so it is only close. Each mode keeps less at its peak.
+TEST_P(TrainerGpu, RecomputeTradesMemoryNotResults) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir("bt_trainer_gpu");
+  TrainConfig c = small_config(dir, GetParam());
+  c.train.steps = 3;
+  std::map<std::string, Outcome> out;
+  std::map<std::string, size_t> peak;
+  for (const char* mode : {"none", "selective", "full"}) {
+    c.train.recompute = mode;
+    cuda_empty_cache(0);
+    cuda_reset_peak_stats(0);
+    out[mode] = train(c);
+    peak[mode] = cuda_memory_stats(0).peak_allocated;
+  }
+  EXPECT_EQ(out["full"].losses, out["selective"].losses);
+  EXPECT_EQ(out["full"].norms, out["selective"].norms);
+  EXPECT_EQ(out["full"].params, out["selective"].params);
+  const double tol = std::string(GetParam()) == "bf16" ? 2e-2 : 1e-4;
+  for (size_t i = 0; i < out["none"].losses.size(); ++i)
+    EXPECT_NEAR(out["none"].losses[i], out["selective"].losses[i], tol * out["none"].losses[i]) << i;
+  EXPECT_LT(peak["selective"], peak["none"]);
+  EXPECT_LT(peak["full"], peak["selective"]);
+  std::printf("peak memory (bytes): none %zu, selective %zu, full %zu\n", peak["none"], peak["selective"],
+              peak["full"]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TrainerGpu, ::testing::Values("fp32", "tf32", "bf16"),
