@@ -172,6 +172,34 @@ TEST_F(TrainDist, Bf16OneProcessDdpAndZero3GiveTheSameBits) {
   }
 }
 
+// A checkpointed block reruns its forward inside backward: under ddp its
+// gradients reach the bucket hooks from that nested backward, under zero3 the
+// rerun reads the unit's weights gathered again for its backward. Both must
+// give the bits of keeping every activation (the CPU's GELU epilogue and GELU
+// kernel agree, Gpt.RecomputeModesGiveTheSameLossAndGradients).
+TEST_F(TrainDist, FullRecomputeGivesTheSameBitsUnderDdpAndZero3) {
+  for (const std::string strategy : {"ddp", "zero3"}) {
+    for (const std::string mode : {"none", "full"}) {
+      const std::string tag = strategy + "_" + mode;
+      Result r = run(test::mpirun_prefix(2) + base_ + " --set train.steps=3 --set dist.strategy=" + strategy +
+                     " --set train.recompute=" + mode + " --metrics " + file(tag + ".jsonl") +
+                     " --save-weights " + file(tag + ".h5"));
+      ASSERT_EQ(r.status, 0) << tag << "\n" << r.out;
+    }
+    const std::vector<nlohmann::json> none = jsonl_rows(file(strategy + "_none.jsonl")),
+                                      full = jsonl_rows(file(strategy + "_full.jsonl"));
+    ASSERT_EQ(none.size(), 3u);
+    ASSERT_EQ(full.size(), 3u);
+    for (size_t i = 0; i < none.size(); ++i) {
+      EXPECT_EQ(full[i].at("loss"), none[i].at("loss")) << strategy << ", step " << i + 1;
+      EXPECT_EQ(full[i].at("grad_norm"), none[i].at("grad_norm")) << strategy << ", step " << i + 1;
+    }
+    const WeightDiff wd = weight_diff(load_weights(file(strategy + "_full.h5")).tensors,
+                                      load_weights(file(strategy + "_none.h5")).tensors);
+    EXPECT_TRUE(wd.identical) << strategy << ": most in " << wd.where << " (" << wd.worst << " relative)";
+  }
+}
+
 // bf16 against fp32 from the same initial weights on the same data (one
 // process; ddp and zero3 give its bits, above). bf16 keeps 8 significant bits:
 // unit roundoff u = 2^-8 = 3.9e-3 on every activation, weight copy and
