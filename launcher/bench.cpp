@@ -124,8 +124,10 @@ int run_bench(int argc, char** argv) {
       "seq", "sequence length (<= the preset's)", cli::value<int64_t>()->default_value("1024"))(
       "steps", "timed steps", cli::value<int64_t>()->default_value("20"))(
       "warmup", "untimed steps first", cli::value<int64_t>()->default_value("5"))(
-      "recompute", "comma-separated train.recompute modes to measure BluTrain in: none, selective, full",
-      cli::value<std::string>()->default_value("none"))("device", "cuda, cuda:N or cpu",
+      "recompute",
+      "comma-separated train.recompute modes to measure BluTrain in: auto (selective under bf16, else none), "
+      "none, selective, full",
+      cli::value<std::string>()->default_value("auto"))("device", "cuda, cuda:N or cpu",
                                                         cli::value<std::string>()->default_value("auto"))(
       "reference", "PyTorch references to measure: eager, compile (torch.compile), both or none",
       cli::value<std::string>()->default_value("both"))(
@@ -187,9 +189,9 @@ int run_bench(int argc, char** argv) {
   std::stringstream rcs(r["recompute"].as<std::string>());
   for (std::string m; std::getline(rcs, m, ',');) {
     try {
-      parse_recompute(m);
+      if (m != "auto") parse_recompute(m);
     } catch (const Error& e) {
-      BT_FAIL("blutrain bench --recompute: ", e.what());
+      BT_FAIL("blutrain bench --recompute: ", e.what(), " (or auto)");
     }
     recompute_modes.push_back(m);
   }
@@ -208,9 +210,11 @@ int run_bench(int argc, char** argv) {
           r["reference-args"].as<std::string>())));
     for (const std::string& rc : recompute_modes) {
       c.train.recompute = rc;
+      c.train.precision = p;
+      const std::string mode(recompute_name(c.recompute()));
       std::printf(
           "blutrain: %s %s, recompute %s, micro-batch %lld x %lld, %lld timed steps after %lld warmup...\n",
-          preset.c_str(), p.c_str(), rc.c_str(), static_cast<long long>(B), static_cast<long long>(T),
+          preset.c_str(), p.c_str(), mode.c_str(), static_cast<long long>(B), static_cast<long long>(T),
           static_cast<long long>(steps), static_cast<long long>(warmup));
       std::fflush(stdout);
       const Side ours = run_blutrain(c, warmup, steps);
@@ -219,8 +223,8 @@ int run_bench(int argc, char** argv) {
       const double fpt = c.model.flops_per_token(T);
       nlohmann::ordered_json j;
       j["precision"] = p;
-      j["recompute"] = rc;
-      const std::string label = rc == "none" ? p : p + " (" + rc + ")";
+      j["recompute"] = mode;
+      const std::string label = mode == "none" ? p : p + " (" + mode + ")";
       j["blutrain_tokens_per_s"] = ours.tokens_per_s;
       j["blutrain_step_ms"] = ours.step_ms;
       j["blutrain_peak_mem_bytes"] = ours.peak_mem;

@@ -59,7 +59,8 @@ const std::vector<Key>& keys() {
       BT_KEY("train.device", train.device, "auto | cpu | cuda | cuda:N"),
       BT_KEY("train.precision", train.precision, "fp32 | tf32 | bf16"),
       BT_KEY("train.recompute", train.recompute,
-             "none | selective | full: activations backward rebuilds instead of keeping"),
+             "auto | none | selective | full: activations backward rebuilds instead of keeping "
+             "(auto: selective under bf16, else none)"),
       BT_KEY("train.seed", train.seed, "seed of the init, the data order and sampling"),
       BT_KEY("train.eval_every", train.eval_every, "steps between validation passes (0: at the end only)"),
       BT_KEY("train.eval_batches", train.eval_batches, "micro-batches per validation pass"),

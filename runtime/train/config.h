@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/autograd/recompute.h"
 #include "runtime/nn/gpt.h"
 
 namespace bt::train {
@@ -31,7 +32,7 @@ struct TrainOptions {
   double grad_clip = 1.0;          // 0 = off
   std::string device = "auto";     // auto | cpu | cuda | cuda:N
   std::string precision = "fp32";  // fp32 | tf32 | bf16
-  std::string recompute = "none";  // none | selective | full (runtime/autograd/recompute.h)
+  std::string recompute = "auto";  // auto | none | selective | full (Note [Recompute defaults])
   uint64_t seed = 1337;
   int64_t eval_every = 100;  // steps; 0 = only at the end (if data.val is set)
   int64_t eval_batches = 20;
@@ -75,6 +76,8 @@ struct TrainConfig {
   /// fits, else the largest that does (Note [Batch split]). Throws a bt::Error
   /// naming train.batch_size and the rank count when no split exists.
   int64_t micro_batch_for(int world = 1) const;
+  /// train.recompute with `auto` resolved for train.precision (Note [Recompute defaults]).
+  Recompute recompute() const;
   /// Micro-batches per rank per optimizer step for `world` ranks:
   /// train.batch_size / (micro_batch_for(world) x world).
   int64_t grad_accum(int world = 1) const;

@@ -53,7 +53,7 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
     val_ = std::make_unique<TokenLoader>(cfg_.data.val, t.micro_batch, T, rank_, world_, t.seed,
                                          /*shuffle=*/false);
   model_ = std::make_unique<nn::Gpt>(cfg_.model, device_, t.seed);
-  model_->set_recompute(parse_recompute(t.recompute));
+  model_->set_recompute(cfg_.recompute());
   if (init) init(*model_);
   dist::StrategyOptions so;
   so.name = world_ > 1 ? cfg_.dist.strategy : "local";

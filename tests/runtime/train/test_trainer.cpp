@@ -187,6 +187,24 @@ TEST(BatchSplit, LargestMicroBatchThatSplitsTheBatchOverTheRanks) {
   EXPECT_NE(e.find("set train.batch_size to 4,"), std::string::npos) << e;
 }
 
+// Note [Recompute defaults]: auto is selective under bf16 only; a mode named
+// in the config is taken as it is.
+TEST(TrainConfigRecompute, AutoIsSelectiveUnderBf16Only) {
+  TrainConfig c;
+  EXPECT_EQ(c.train.recompute, "auto");
+  for (const char* p : {"fp32", "tf32"}) {
+    c.train.precision = p;
+    EXPECT_EQ(c.recompute(), Recompute::None) << p;
+  }
+  c.train.precision = "bf16";
+  EXPECT_EQ(c.recompute(), Recompute::Selective);
+  c.train.recompute = "none";
+  EXPECT_EQ(c.recompute(), Recompute::None);
+  c.train.precision = "fp32";
+  c.train.recompute = "full";
+  EXPECT_EQ(c.recompute(), Recompute::Full);
+}
+
 TEST_F(TrainerTest, BadConfigsNameTheKey) {
   TrainConfig c = config();
   c.train.lr = -1;
