@@ -16,7 +16,13 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
   detail::check_defined("cross_entropy", targets_in, "targets");
   detail::check_dtype("cross_entropy", logits_in, "logits", {DType::F32, DType::F64, DType::BF16});
   detail::check_dtype("cross_entropy", targets_in, "targets", {DType::I32});
-  detail::check_same_device("cross_entropy", logits_in, targets_in);
+  // Note [Targets on the host]: the targets are checked on the host, so targets
+  // that live there (the loader's pinned batches) cost no device sync; the
+  // kernels get an asynchronous copy. Device targets are copied back to check
+  // them, which waits for the work that made them.
+  BT_CHECK(targets_in.device() == logits_in.device() || targets_in.device().is_cpu(),
+           "cross_entropy: targets must be on the logits' device (", logits_in.device(),
+           ") or on the host, got ", targets_in.device());
   BT_CHECK(logits_in.dim() >= 1, "cross_entropy: logits need a vocabulary dimension");
   const int64_t ld = logits_in.size(-1);
   const int64_t rows = ld ? logits_in.numel() / ld : 0;
@@ -29,8 +35,9 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
   Tensor logits = logits_in.reshape({rows, ld}).contiguous();
   Tensor targets = targets_in.reshape({rows}).contiguous();
 
-  // Validate targets on the host (a small copy) and count the rows that count.
+  // Validate targets on the host and count the rows that count.
   const std::vector<int32_t> t = targets.to_vector<int32_t>();
+  targets = targets.to(logits.device(), /*non_blocking=*/true);
   int64_t valid = 0;
   for (int64_t i = 0; i < rows; ++i) {
     BT_CHECK(t[i] == -1 || (t[i] >= 0 && t[i] < vocab), "cross_entropy: target ", t[i], " at position ", i,

@@ -10,7 +10,9 @@ namespace bt {
 /// [..., Vp], flattened); targets: i32 with N elements, -1 = ignore.
 /// `vocab` (default Vp) limits the softmax to the first `vocab` columns, so a
 /// vocabulary padded to Vp columns trains as if it had `vocab`. Targets
-/// outside [0, vocab) are an error that names the first bad position.
+/// outside [0, vocab) are an error that names the first bad position. The
+/// targets may be on the host while the logits are on a GPU: they are checked
+/// there without waiting for the device (Note [Targets on the host]).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab = -1);
 
 }  // namespace bt

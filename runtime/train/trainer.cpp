@@ -95,7 +95,7 @@ StepStats Trainer::step() {
       ProfileScope prof("data");
       Batch b = train_->next();
       x = b.inputs.to(device_, /*non_blocking=*/true);
-      y = b.targets.to(device_, /*non_blocking=*/true);
+      y = b.targets;  // checked on the host by the loss, then copied (Note [Targets on the host])
     }
     {
       ProfileScope prof("forward");
@@ -179,7 +179,7 @@ double Trainer::evaluate() {
   Tensor total;
   for (int64_t i = 0; i < n; ++i) {
     Batch b = val_->next();
-    Tensor l = model_->loss(b.inputs.to(device_, true), b.targets.to(device_, true));
+    Tensor l = model_->loss(b.inputs.to(device_, true), b.targets);
     total = total.defined() ? add(total, l) : l;
   }
   return mean_over_ranks(static_cast<double>(total.item<float>()) / static_cast<double>(n));

@@ -235,6 +235,31 @@ TEST(RuntimeGpu, OutOfRangeEmbeddingIndexOnDevice) {
   }
 }
 
+// Note [Targets on the host]: host targets with device logits give the loss
+// and gradient of device targets, and a bad one is still named.
+TEST(RuntimeGpu, CrossEntropyTakesTargetsFromTheHost) {
+  REQUIRE_GPU();
+  Generator g(4);
+  Tensor logits = randn({6, 40}, TensorOptions{DType::F32, Device::cuda(0)}, &g);
+  Tensor host = from_vector<int32_t>({0, 39, 7, -1, 12, 3}, {6}).pin_memory();
+  std::vector<std::vector<float>> got;
+  for (const Tensor& tg : {host, host.to(Device::cuda(0))}) {
+    Tensor l = logits.detach().requires_grad_();
+    Tensor loss = cross_entropy(l, tg);
+    loss.backward();
+    got.push_back(loss.to_vector<float>());
+    got.push_back(l.grad().to_vector<float>());
+  }
+  EXPECT_EQ(got[0], got[2]);
+  EXPECT_EQ(got[1], got[3]);
+  try {
+    cross_entropy(logits, from_vector<int32_t>({0, 1, 2, 3, 40, 5}, {6}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 40 at position 4"), std::string::npos) << e.what();
+  }
+}
+
 /// 50 AdamW steps of a softmax regression (all targets 3: learnable through
 /// the bias) on `d`; returns the loss of every step.
 std::vector<float> train_losses(const Device& d) {
