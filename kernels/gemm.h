@@ -6,6 +6,8 @@
 // op(X) is X or X^T (trans flags). All matrices are row-major with leading
 // dimensions lda/ldb/ldc in elements. A, B, C and bias share `dtype`
 // (F32, F64 on CPU only, BF16); accumulation is always in fp32 (fp64 for F64).
+// An F32 GEMM multiplies as `math` says: strict fp32, TF32 tensor cores, or
+// error-compensated TF32 (Note [3xTF32]).
 #pragma once
 
 #include <cstddef>
@@ -17,6 +19,39 @@
 #endif
 
 namespace bt::kernels {
+
+/// How an F32 GEMM multiplies (BF16 and F64 ignore it). The precision policy
+/// picks it (runtime/ops/matmul.cpp).
+enum class GemmMath : uint8_t {
+  Strict,  // fp32 FMAs (SGEMM)
+  Tf32,    // one TF32 tensor-core product (CUDA; the CPU computes Strict)
+  Tf32x3,  // error-compensated TF32, on both devices: Note [3xTF32]
+};
+
+// Note [3xTF32]
+// TF32 keeps fp32's 8 exponent bits but 10 of its 23 stored mantissa bits, so
+// one TF32 product has a relative error up to 2^-11 per operand: about 2^13
+// times fp32's unit roundoff u = 2^-24. Tf32x3 recovers fp32 accuracy on the
+// tensor cores, as CUTLASS's 3xTF32 does: each operand x is split into
+//   big = tf32(x),  small = tf32(x - big)      (tf32: round to nearest, ties
+//                                                away, kernels/common/tf32.h)
+// (x - big is exact in fp32), and C accumulates, in fp32,
+//   A_small B_big + A_big B_small + A_big B_big
+// (the small products first, while the sum is small). Each product of two
+// tf32 values is exact in fp32 (11 x 11 significant bits). What is lost per
+// term a b: the dropped A_small B_small, at most 2^-22 |a b|, and the
+// rounding left in each small part, x - big - small, at most 2^-22 |x|: about
+// 3 x 2^-22 = 12 u relative to |a b| at worst, and a sum of such errors of
+// random sign, like the sum itself, so about 4 u relative to the result. The
+// fp32 accumulation of K terms, which strict SGEMM pays too, adds up to K u
+// (typically sqrt(K) u), so past K of a few dozen the two errors are alike;
+// one TF32 product is about 2^11 times worse (tests/kernels/cpu/test_gemm.cpp
+// measures all three against a float64 reference). The cost is three times
+// the tensor-core work, and on CUDA a pass that writes the split operands
+// into scratch (kernels/cuda/gemm.cu: why one GEMM over 3K). Non-finite
+// inputs give non-finite results, but an inf may come out as NaN (inf * 0 in
+// a small product), and a finite |x| within 2^-12 of FLT_MAX has an infinite
+// big part.
 
 enum class Epilogue : uint8_t {
   None,
@@ -43,8 +78,8 @@ struct GemmArgs {
   /// For Gelu/BiasGelu: if non-null, receives the pre-activation values
   /// (same shape/ld as C) for the backward pass.
   void* pre_gelu = nullptr;
-  /// F32 only: allow TF32 tensor-core math (the "tf32" precision policy).
-  bool allow_tf32 = false;
+  /// F32 only: strict, TF32 or 3xTF32 products (Note [3xTF32]).
+  GemmMath math = GemmMath::Strict;
 };
 
 namespace cpu {
@@ -52,7 +87,22 @@ void gemm(const GemmArgs& args);
 }  // namespace cpu
 #ifdef BT_CUDA
 namespace cuda {
-void gemm(const GemmArgs& args, cudaStream_t stream);
+/// Floats of device scratch that gemm(args) needs: 0 unless an F32 GEMM runs
+/// Tf32x3 (the split operands; at most 512 MiB, the GEMM runs in pieces when
+/// more would be needed).
+size_t gemm_scratch_floats(const GemmArgs& args);
+/// The size of each piece a Tf32x3 GEMM runs in, in batch items, rows and
+/// columns of C, and K (Note [One GEMM over 3K] in kernels/cuda/gemm.cu), with
+/// `scratch_floats` of scratch when that is less than gemm_scratch_floats(args)
+/// (else with what it asks for). Host code: no GPU needed.
+struct GemmPieces {
+  int64_t batch, m, n, k;
+};
+GemmPieces gemm_x3_pieces(const GemmArgs& args, size_t scratch_floats);
+/// `scratch`: gemm_scratch_floats(args) floats, used in stream order (null
+/// when that is 0), or scratch_floats when that is less (the GEMM then runs in
+/// more pieces, gemm_x3_pieces; the tests use it to cut small GEMMs).
+void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch = nullptr, size_t scratch_floats = 0);
 /// Plain cuBLAS (cublasGemmEx / cublasSgemm), used only as the benchmark ceiling.
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream);
 }  // namespace cuda

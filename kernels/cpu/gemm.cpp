@@ -2,6 +2,10 @@
 // F32 -> sgemm, F64 -> dgemm, BF16 -> float copies of A, B (and C when beta != 0),
 // sgemm into a float C, epilogue in float, one rounding on store. The
 // epilogue and the bf16 copies run on the kernels' pool (parallel.h).
+// F32 with GemmMath::Tf32x3 is the CUDA path's numerics (Note [3xTF32] in
+// kernels/gemm.h): the operands split into their TF32 parts, three copies
+// along K, and one sgemm over 3K, so the CPU is the reference for the GPU and
+// for CI. GemmMath::Tf32 computes strict fp32 here.
 //
 // OpenBLAS and the pool. GEMM keeps OpenBLAS's own threads: its partitioning
 // of one GEMM is faster than splitting it into separate calls here. But an
@@ -26,6 +30,7 @@
 
 #include <cblas.h>
 
+#include "kernels/common/tf32.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/parallel.h"
 
@@ -117,6 +122,40 @@ void to_float(const bf16* x, int64_t rows, int64_t cols, int64_t ld, std::vector
   });
 }
 
+/// Note [3xTF32]: the rows x cols matrix x (leading dim ld) as three copies
+/// along K, each holding x's big or small TF32 parts (kX3SmallA/B), packed into
+/// dst. K runs along x's columns (each row becomes [seg 0 | seg 1 | seg 2],
+/// ld 3 cols) or along its rows (the segments stacked, ld cols).
+void split_x3(const float* x, int64_t rows, int64_t cols, int64_t ld, bool k_along_cols, const bool small[3],
+              std::vector<float>& dst) {
+  dst.resize(static_cast<size_t>(3 * rows * cols));
+  parallel_for(0, rows, grain_for(4 * cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const Tf32Split p = split_tf32(x[r * ld + j]);
+        for (int s = 0; s < 3; ++s) {
+          const int64_t at = k_along_cols ? r * 3 * cols + s * cols + j : (s * rows + r) * cols + j;
+          dst[static_cast<size_t>(at)] = small[s] ? p.small : p.big;
+        }
+      }
+  });
+}
+
+/// F32, Tf32x3, k > 0: C = alpha (A_small B_big + A_big B_small + A_big B_big)
+/// + beta C for every batch item, as one sgemm over 3K each. An operand with
+/// batch stride 0 is split once.
+void gemm_tf32x3(const GemmArgs& g, const float* A, const float* B, float* C) {
+  const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;  // stored shape of A
+  const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+  std::vector<float> a3, b3;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    if (i == 0 || g.stride_a != 0) split_x3(A + i * g.stride_a, ar, ac, g.lda, !g.trans_a, kX3SmallA, a3);
+    if (i == 0 || g.stride_b != 0) split_x3(B + i * g.stride_b, br, bc, g.ldb, g.trans_b, kX3SmallB, b3);
+    blas_gemm(g.trans_a, g.trans_b, g.m, g.n, 3 * g.k, g.alpha, a3.data(), g.trans_a ? g.m : 3 * g.k,
+              b3.data(), g.trans_b ? 3 * g.k : g.n, g.beta, C + i * g.stride_c, g.ldc);
+  }
+}
+
 template <class T>
 void gemm_impl(const GemmArgs& g) {
   const T* A = static_cast<const T*>(g.a);
@@ -142,9 +181,13 @@ void gemm_impl(const GemmArgs& g) {
       epilogue<T>(g, cf.data(), g.n, c, use_pre ? P + i * g.stride_c : nullptr);
     }
   } else {
+    const bool x3 = std::is_same_v<T, float> && g.math == GemmMath::Tf32x3 && g.k > 0;
+    if constexpr (std::is_same_v<T, float>) {
+      if (x3) gemm_tf32x3(g, A, B, C);
+    }
     for (int64_t i = 0; i < g.batch; ++i) {
       T* c = C + i * g.stride_c;
-      gemm_acc<T>(g, A + i * g.stride_a, g.lda, B + i * g.stride_b, g.ldb, c, g.ldc);
+      if (!x3) gemm_acc<T>(g, A + i * g.stride_a, g.lda, B + i * g.stride_b, g.ldb, c, g.ldc);
       if (g.epilogue != Epilogue::None) epilogue<T>(g, c, g.ldc, c, use_pre ? P + i * g.stride_c : nullptr);
     }
   }

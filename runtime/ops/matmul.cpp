@@ -61,11 +61,20 @@ MatOperand operand(const Tensor& t_in) {
   return op;
 }
 
+/// How the precision policy multiplies f32 matrices: tf32 on TF32 tensor
+/// cores, else strict.
+kernels::GemmMath gemm_math(Precision p) {
+  return p == Precision::TF32 ? kernels::GemmMath::Tf32 : kernels::GemmMath::Strict;
+}
+
 void run_gemm(kernels::GemmArgs& g, const Device& d) {
   if (g.m == 0 || g.n == 0) return;
-  g.allow_tf32 = precision() == Precision::TF32;
+  g.math = gemm_math(precision());
   detail::on_device(
-      d, [&] { kernels::cpu::gemm(g); }, BT_CUDA_LAMBDA(kernels::cuda::gemm(g, stream)));
+      d, [&] { kernels::cpu::gemm(g); },
+      BT_CUDA_LAMBDA(const int64_t n = static_cast<int64_t>(kernels::cuda::gemm_scratch_floats(g));
+                     const Tensor scratch = n > 0 ? empty({n}, TensorOptions{DType::F32, d}) : Tensor();
+                     kernels::cuda::gemm(g, stream, n > 0 ? scratch.data<float>() : nullptr)));
 }
 
 constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};

@@ -1,8 +1,11 @@
 // GPU GEMM (cuBLASLt) against the CPU GEMM: transposes, leading-dimension
 // padding, alpha/beta, batches (including a broadcast B), and the bias / GELU /
-// bias+GELU epilogues with the pre-GELU aux output; f32, f32+tf32 and bf16.
-// The f32+tf32 tolerance is derived (Note [TF32 tolerance]), and a host test
-// shows that it rejects a GEMM on bf16-rounded inputs.
+// bias+GELU epilogues with the pre-GELU aux output; f32, f32+tf32, f32 as
+// 3xTF32 and bf16. The f32+tf32 tolerance is derived (Note [TF32 tolerance]),
+// and a host test shows that it rejects a GEMM on bf16-rounded inputs. 3xTF32
+// (Note [3xTF32] in kernels/gemm.h) also runs in pieces that a smaller scratch
+// forces (their choice is checked on the host), is checked against float64,
+// and rounds as the CPU does.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -11,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/common/tf32.h"
 #include "kernels/gemm.h"
 #include "tests/kernels/cuda/gpu_test_util.h"
 
@@ -20,6 +24,7 @@ namespace cpu = kernels::cpu;
 namespace cuda = kernels::cuda;
 using kernels::Epilogue;
 using kernels::GemmArgs;
+using kernels::GemmMath;
 
 struct Case {
   int64_t m, n, k;
@@ -34,11 +39,14 @@ struct Case {
 
 struct Precision {
   DType dt;
-  bool tf32;
+  GemmMath math;
   const char* name;
+  bool tf32() const { return math == GemmMath::Tf32; }
 };
-const Precision kPrecisions[] = {
-    {DType::F32, false, "f32"}, {DType::F32, true, "f32+tf32"}, {DType::BF16, false, "bf16"}};
+const Precision kPrecisions[] = {{DType::F32, GemmMath::Strict, "f32"},
+                                 {DType::F32, GemmMath::Tf32, "f32+tf32"},
+                                 {DType::BF16, GemmMath::Strict, "bf16"},
+                                 {DType::F32, GemmMath::Tf32x3, "f32 3xtf32"}};
 
 // Note [TF32 tolerance]
 // The metric is ||out - ref|| / ||ref|| over the N compared outputs; ref is the
@@ -71,9 +79,10 @@ double tf32_tolerance(int64_t k, int64_t outputs) {
          2 * static_cast<double>(k) * u32;
 }
 
-/// The tolerance of ||out - ref|| / ||ref|| for `outputs` results of reductions over k.
+/// The tolerance of ||out - ref|| / ||ref|| for `outputs` results of reductions
+/// over k (3xTF32 against the CPU's 3xTF32: fp32's).
 double tolerance(const Precision& p, int64_t k, int64_t outputs) {
-  if (p.tf32) return tf32_tolerance(k, outputs);
+  if (p.tf32()) return tf32_tolerance(k, outputs);
   return p.dt == DType::BF16 ? 1e-2 : 1e-5;
 }
 
@@ -132,7 +141,7 @@ Problem make_problem(const Precision& p, const Case& c, std::mt19937& gen) {
   g.batch = c.batch;
   g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
   g.epilogue = c.epi;
-  g.allow_tf32 = p.tf32;
+  g.math = p.math;
   return pr;
 }
 
@@ -156,26 +165,33 @@ std::pair<HostBuf, HostBuf> cpu_gemm(const Problem& pr, const HostBuf& A, const 
 }
 
 /// A problem's inputs on the GPU in dtype `dt` (converted, rounding to nearest,
-/// when the problem's dtype differs), and its arguments pointing at them.
+/// when the problem's dtype differs), its arguments pointing at them, and the
+/// scratch a 3xTF32 GEMM asks for (or `scratch_floats` when that is not 0).
 struct OnDevice {
-  DevBuf A, B, bias, C, P;
+  DevBuf A, B, bias, C, P, scratch;
   GemmArgs g;
 
-  OnDevice(const Problem& pr, DType dt)
+  OnDevice(const Problem& pr, DType dt, size_t scratch_floats = 0)
       : A(as(pr.A, dt)),
         B(as(pr.B, dt)),
         bias(as(pr.bias, dt)),
         C(as(pr.C0, dt)),
         P(static_cast<size_t>(pr.nc) * dtype_size(dt)),
         g(pr.g) {
-    if (dt != g.dtype) g.allow_tf32 = false;
+    if (dt != g.dtype) g.math = GemmMath::Strict;
     g.dtype = dt;
     g.a = A.get();
     g.b = B.get();
     g.c = C.get();
     g.bias = pr.use_bias ? bias.get() : nullptr;
     g.pre_gelu = pr.with_pre ? P.get() : nullptr;
+    floats = scratch_floats > 0 ? scratch_floats : cuda::gemm_scratch_floats(g);
+    scratch = DevBuf(floats * sizeof(float));
+    scratch.poison();  // the split must write what the product reads
   }
+  /// cuda::gemm on these buffers.
+  void run() { cuda::gemm(g, nullptr, scratch.as<float>(), floats); }
+  size_t floats = 0;
   static HostBuf as(const HostBuf& h, DType dt) {
     if (h.dt == dt) return h;
     HostBuf o(dt, h.n);
@@ -194,9 +210,9 @@ void run_case(const Precision& p, const Case& c, std::mt19937& gen) {
   OnDevice d(pr, dt);
   if (c.beta == 0.0f) d.C.poison();
   d.P.poison();
-  cuda::gemm(d.g, nullptr);
+  d.run();
   // Run twice: the second call takes the cached plan (and must give the same result).
-  if (c.beta == 0.0f) cuda::gemm(d.g, nullptr);
+  if (c.beta == 0.0f) d.run();
 
   const double tol = tolerance(p, c.k, c.batch * c.m * c.n);
   BT_EXPECT_REL(results(pr, d.C.to_host(dt, pr.nc)), results(pr, C_ref), tol, "C");
@@ -267,7 +283,7 @@ TEST(CudaGemm, Tf32ToleranceRejectsBf16Inputs) {
   BT_SEED(seed);
   std::mt19937 gen(seed);
   const Precision tf32 = kPrecisions[1];
-  ASSERT_TRUE(tf32.tf32);
+  ASSERT_TRUE(tf32.tf32());
   // The emulations: the CPU GEMM on A and B rounded to tf32 (10 stored bits),
   // either way, or to bf16 (7 stored bits, to nearest as float_to_bf16_bits).
   struct Emulation {
@@ -317,6 +333,7 @@ TEST(CudaGemm, Tf32ToleranceRejectsARealBf16Gemm) {
   BT_SEED(seed);
   std::mt19937 gen(static_cast<uint32_t>(seed));
   const Precision tf32 = kPrecisions[1];
+  ASSERT_TRUE(tf32.tf32());
   int64_t rejected = 0;
   for (const Case& c : cases()) {
     const int64_t outputs = c.batch * c.m * c.n;
@@ -325,7 +342,7 @@ TEST(CudaGemm, Tf32ToleranceRejectsARealBf16Gemm) {
     const Problem pr = make_problem(tf32, c, gen);
     const auto [C_ref, P_ref] = cpu_gemm(pr, pr.A, pr.B);
     OnDevice d(pr, DType::BF16);
-    cuda::gemm(d.g, nullptr);
+    d.run();
     const double err = rel_error(results(pr, d.C.to_host(DType::BF16, pr.nc)), results(pr, C_ref));
     EXPECT_GT(err, tolerance(tf32, c.k, outputs))
         << "relative error " << err << ": a bf16 GEMM passes the TF32 tolerance";
@@ -339,6 +356,7 @@ TEST(CudaGemm, ReferenceGemmMatchesCpu) {
   BT_SEED(seed);
   std::mt19937 gen(seed);
   for (const Precision& p : kPrecisions) {
+    if (p.math == GemmMath::Tf32x3) continue;  // plain cuBLAS has none
     for (bool ta : {false, true}) {
       for (int64_t batch : {1, 3}) {
         const int64_t m = 65, n = 33, k = 47;
@@ -353,7 +371,7 @@ TEST(CudaGemm, ReferenceGemmMatchesCpu) {
         g.lda = lda, g.ldb = ldb, g.ldc = ldc;
         g.batch = batch;
         g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
-        g.allow_tf32 = p.tf32;
+        g.math = p.math;
         HostBuf C_ref(p.dt, batch * sc);
         GemmArgs gc = g;
         gc.a = A.data(), gc.b = B.data(), gc.c = C_ref.data();
@@ -388,6 +406,211 @@ TEST(CudaGemm, RejectsBadArguments) {
   g.bias = d.get();
   g.beta = 1.0f;
   EXPECT_THROW(cuda::gemm(g, nullptr), bt::Error);  // Bias needs beta == 0
+  g.epilogue = Epilogue::None;
+  g.math = GemmMath::Tf32x3;
+  try {
+    cuda::gemm(g, nullptr);  // no scratch
+    ADD_FAILURE() << "3xTF32 without scratch did not throw";
+  } catch (const bt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs gemm_scratch_floats(args) = "), std::string::npos)
+        << e.what();
+  }
+}
+
+// ------------------------------------------------------------ 3xTF32
+const Precision kX3 = kPrecisions[3];
+
+/// The pieces a 3xTF32 case runs in with `floats` of scratch.
+cuda::GemmPieces pieces_of(const Case& c, size_t floats) {
+  std::mt19937 gen(1);
+  const Problem pr = make_problem(kX3, c, gen);
+  return cuda::gemm_x3_pieces(pr.g, floats);
+}
+
+std::string str(const cuda::GemmPieces& p) {
+  return bt::cat("{batch ", p.batch, ", m ", p.m, ", n ", p.n, ", k ", p.k, "}");
+}
+
+/// A case that a scratch of `floats` cuts as `pieces` (Note [One GEMM over 3K]).
+struct Cut {
+  Case c;
+  size_t floats;
+  cuda::GemmPieces pieces;
+};
+
+const std::vector<Cut>& cuts() {
+  static const std::vector<Cut> v = [] {
+    std::vector<Cut> cs;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        // 4 items of 3 x 8 x (16 + 24) floats: two at a time.
+        cs.push_back({{16, 24, 8, ta, tb, 4, 1.0f, 0.5f, Epilogue::Gelu, 1}, 2000, {2, 16, 24, 8}});
+        // B whole (3 x 32 x 16) and half of A's rows: 1536 floats more read than
+        // one piece, against 2048 more for halving K (2 m n).
+        cs.push_back(
+            {{64, 16, 32, ta, tb, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 0, false, true}, 4672, {1, 32, 16, 32}});
+        // The mirror: half of B's columns.
+        cs.push_back({{16, 64, 32, ta, tb, 1, 0.5f, 0.0f, Epilogue::Bias, 2}, 4672, {1, 16, 32, 32}});
+        // K in three pieces (22, 22, 20): beta on the first, the epilogue on the last.
+        cs.push_back({{48, 40, 64, ta, tb, 1, 1.0f, 0.75f, Epilogue::BiasGelu, 3, false, true},
+                      5872,
+                      {1, 48, 40, 22}});
+        // K in two pieces under a bias: beta = 1 on the second, the bias once.
+        cs.push_back({{48, 40, 64, ta, tb, 1, 1.0f, 0.0f, Epilogue::Bias}, 8512, {1, 48, 40, 32}});
+        // Two items that do not fit one at a time: each cut along K; one B for both.
+        cs.push_back(
+            {{48, 40, 64, ta, tb, 2, -1.0f, 0.0f, Epilogue::Gelu, 0, true, true}, 5872, {1, 48, 40, 22}});
+      }
+    return cs;
+  }();
+  return v;
+}
+
+// Needs no GPU: the cut is host code. Each case above is cut as its comment
+// says, and the GPT-2 124M GEMMs (16384 tokens) fit the default scratch, cut
+// where Note [One GEMM over 3K] says they are.
+TEST(CudaGemm, Tf32x3PiecesFitTheScratchAlongTheCheapestDimension) {
+  for (const Cut& c : cuts()) {
+    SCOPED_TRACE(describe(kX3, c.c) + " floats=" + std::to_string(c.floats));
+    const cuda::GemmPieces p = pieces_of(c.c, c.floats);
+    EXPECT_EQ(str(p), str(c.pieces));
+  }
+  GemmArgs g;
+  g.math = GemmMath::Tf32x3;
+  const size_t most = (size_t{512} << 20) / sizeof(float);
+  auto gpt2 = [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    g.m = m, g.n = n, g.k = k, g.trans_a = ta, g.trans_b = tb;
+    g.lda = ta ? m : k, g.ldb = tb ? k : n, g.ldc = n;
+    const size_t floats = cuda::gemm_scratch_floats(g);
+    EXPECT_LE(floats, most);
+    return str(cuda::gemm_x3_pieces(g, floats));
+  };
+  const int64_t M = 16384, V = 50304, E = 768;
+  EXPECT_EQ(gpt2(M, 3 * E, E, false, true), str({1, M, 3 * E, E})) << "QKV forward: whole";
+  EXPECT_EQ(gpt2(M, V, E, false, true), str({1, M, V / 2, E})) << "LM head forward: halves of the vocabulary";
+  EXPECT_EQ(gpt2(M, E, V, false, false), str({1, M, E, 2516})) << "LM head input gradient: 20 pieces of K";
+  EXPECT_EQ(gpt2(V, E, M, true, false), str({1, 1935, E, M})) << "LM head weight gradient: 26 row pieces";
+  g.dtype = DType::BF16;
+  EXPECT_EQ(cuda::gemm_scratch_floats(g), 0u) << "bf16 needs no scratch";
+  g.dtype = DType::F32;
+  g.math = GemmMath::Tf32;
+  EXPECT_EQ(cuda::gemm_scratch_floats(g), 0u) << "one TF32 product needs no scratch";
+}
+
+// Every cut above on the GPU against the CPU's 3xTF32 (uncut), and against
+// the GPU's uncut run.
+TEST(CudaGemm, Tf32x3InPiecesMatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  for (const Cut& cut : cuts()) {
+    const Case& c = cut.c;
+    SCOPED_TRACE(describe(kX3, c) + " floats=" + std::to_string(cut.floats));
+    const Problem pr = make_problem(kX3, c, gen);
+    const auto [C_ref, P_ref] = cpu_gemm(pr, pr.A, pr.B);
+    OnDevice whole(pr, DType::F32), cut_up(pr, DType::F32, cut.floats);
+    ASSERT_GT(whole.floats, cut.floats) << "the case must need more than the cut's scratch";
+    for (OnDevice* d : {&whole, &cut_up}) {
+      if (c.beta == 0.0f) d->C.poison();
+      d->P.poison();
+      d->run();
+    }
+    const double tol = tolerance(kX3, c.k, c.batch * c.m * c.n);
+    const std::vector<double> got = results(pr, cut_up.C.to_host(DType::F32, pr.nc));
+    BT_EXPECT_REL(got, results(pr, C_ref), tol, "C against the CPU");
+    BT_EXPECT_REL(got, results(pr, whole.C.to_host(DType::F32, pr.nc)), tol, "C against the whole GEMM");
+    if (pr.compare_pre)
+      BT_EXPECT_REL(results(pr, cut_up.P.to_host(DType::F32, pr.nc)), results(pr, P_ref), tol, "pre_gelu");
+    // Outside the m x n blocks (padding, gaps between items) C is untouched.
+    const HostBuf after = cut_up.C.to_host(DType::F32, pr.nc);
+    int64_t changed = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t r = 0; r < c.m; ++r)
+        for (int64_t j = c.n; j < pr.g.ldc && b * pr.g.stride_c + r * pr.g.ldc + j < pr.nc; ++j) {
+          const int64_t i = b * pr.g.stride_c + r * pr.g.ldc + j;
+          const double was = c.beta == 0.0f ? std::nan("") : pr.C0.get(i);
+          changed += !(after.get(i) == was || (std::isnan(was) && std::isnan(after.get(i))));
+        }
+    EXPECT_EQ(changed, 0) << "elements of C outside the product changed";
+  }
+}
+
+/// ||C - C64|| / ||C64|| of the GPU's m x n x k F32 GEMM of normal data as
+/// `math` says (C64: the float64 product of the same inputs).
+double gpu_error_vs_float64(int64_t m, int64_t n, int64_t k, GemmMath math, std::mt19937& gen) {
+  const HostBuf A = randn_buf(DType::F32, m * k, gen), B = randn_buf(DType::F32, k * n, gen);
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.lda = k, g.ldb = n, g.ldc = n;
+  g.math = math;
+  DevBuf dA(A), dB(B), dC(static_cast<size_t>(m * n) * 4),
+      scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * 4);
+  g.a = dA.get(), g.b = dB.get(), g.c = dC.get();
+  cuda::gemm(g, nullptr, scratch.as<float>());
+  const std::vector<double> a = A.vals(), b = B.vals();
+  std::vector<double> ref(static_cast<size_t>(m * n), 0.0);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j) ref[r * n + j] += a[r * k + p] * b[p * n + j];
+  return rel_error(dC.to_host(DType::F32, m * n).vals(), ref);
+}
+
+// Note [3xTF32] on the GPU: against float64, the 3xTF32 GEMM is about as close
+// as cuBLAS's strict SGEMM and far closer than its TF32 GEMM (the bounds of
+// GemmCpu.Tf32x3IsAsCloseToFloat64AsSgemm in tests/kernels/cpu/test_gemm.cpp).
+TEST(CudaGemm, Tf32x3IsAsCloseToFloat64AsSgemm) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  for (int64_t k : {16, 256, 2048}) {
+    SCOPED_TRACE(::testing::Message() << "k " << k);
+    double err[3];
+    const GemmMath maths[3] = {GemmMath::Strict, GemmMath::Tf32x3, GemmMath::Tf32};
+    for (int i = 0; i < 3; ++i) {
+      std::mt19937 gen(static_cast<uint32_t>(seed + k));  // the same inputs for all three
+      err[i] = gpu_error_vs_float64(96, 80, k, maths[i], gen);
+    }
+    std::printf("k %4lld: strict %.3e, 3xtf32 %.3e, tf32 %.3e\n", static_cast<long long>(k), err[0], err[1],
+                err[2]);
+    EXPECT_LT(err[1], err[0] + 0x1p-23) << "3xTF32 is not about as accurate as SGEMM";
+    EXPECT_GT(err[2], 256 * err[1]) << "3xTF32 is not far more accurate than one TF32 product";
+  }
+}
+
+// The exact case of GemmCpu.Tf32x3RoundsToNearestTiesAway: 4099 x 1024.5 is
+// 4199425 when the split rounds to nearest with ties away from zero
+// (cvt.rna), 4199426 with ties to even, 4199424 truncated; strict fp32 gives
+// 4199425.5 and one TF32 product 4202500. Both devices must give 4199425.
+TEST(CudaGemm, Tf32x3RoundsToNearestTiesAway) {
+  BT_SKIP_WITHOUT_GPU();
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta " << ta << " tb " << tb);
+      // op(A) 2 x 3 with 4099 at (1, 1), op(B) 3 x 8 with 1024.5 at (1, 5); zeros elsewhere.
+      const int64_t m = 2, n = 8, k = 3;
+      std::vector<float> A(m * k, 0.0f), B(k * n, 0.0f);
+      A[ta ? 1 * m + 1 : 1 * k + 1] = 4099.0f;
+      B[tb ? 5 * k + 1 : 1 * n + 5] = 1024.5f;
+      GemmArgs g;
+      g.trans_a = ta, g.trans_b = tb;
+      g.m = m, g.n = n, g.k = k;
+      g.lda = ta ? m : k, g.ldb = tb ? k : n, g.ldc = n;
+      g.math = GemmMath::Tf32x3;
+      DevBuf dA = upload_vector(A), dB = upload_vector(B), dC(m * n * 4),
+             scratch(cuda::gemm_scratch_floats(g) * 4);
+      dC.poison();
+      g.a = dA.get(), g.b = dB.get(), g.c = dC.get();
+      cuda::gemm(g, nullptr, scratch.as<float>());
+      const std::vector<float> C = dC.to_vector<float>(m * n);
+      EXPECT_EQ(C[1 * n + 5], 4199425.0f);
+      size_t zeros = 0;
+      for (float x : C) zeros += x == 0.0f;
+      EXPECT_EQ(zeros, C.size() - 1);
+      std::vector<float> C_cpu(m * n, -1.0f);
+      GemmArgs gc = g;
+      gc.a = A.data(), gc.b = B.data(), gc.c = C_cpu.data();
+      cpu::gemm(gc);
+      EXPECT_EQ(C_cpu, C) << "the CPU's 3xTF32";
+    }
 }
 
 }  // namespace
