@@ -2,7 +2,9 @@
 // PyTorch reference (bench/gpt2_ref.py) -- eager, under torch.compile, or both
 // (--reference) -- measured in the same run on the same token stream and
 // model, with BluTrain's ratio against each. Each reference runs first, in its
-// own process, so each side has the GPU to itself.
+// own process, so each side has the GPU to itself. BluTrain's fp32x3 is
+// measured against PyTorch in strict fp32: the numerics it keeps (PyTorch has
+// no error-compensated TF32), and the row says so.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +88,9 @@ Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   return out;
 }
 
+/// The precision the PyTorch reference runs for a BluTrain precision.
+std::string reference_precision(const std::string& p) { return p == "fp32x3" ? "fp32" : p; }
+
 /// What each --reference mode runs, as the table names it.
 const std::map<std::string, std::string> kReferenceNames = {{"eager", "PyTorch eager"},
                                                             {"compile", "torch.compile"}};
@@ -118,7 +123,7 @@ int run_bench(int argc, char** argv) {
       "blutrain bench",
       "Training throughput and peak memory of BluTrain vs the PyTorch reference, side by side.");
   opts.add_options()("preset", "model preset", cli::value<std::string>()->default_value("gpt2-124m"))(
-      "precision", "comma-separated: fp32, tf32, bf16",
+      "precision", "comma-separated: fp32, tf32, fp32x3, bf16 (the references run fp32x3 as strict fp32)",
       cli::value<std::string>()->default_value("bf16,fp32"))("micro-batch", "sequences per step",
                                                              cli::value<int64_t>()->default_value("16"))(
       "seq", "sequence length (<= the preset's)", cli::value<int64_t>()->default_value("1024"))(
@@ -200,12 +205,13 @@ int run_bench(int argc, char** argv) {
   for (std::string p; std::getline(precs, p, ',');) {
     parse_precision(p);
     c.train.precision = p;
+    const std::string ref_p = reference_precision(p);
     std::vector<Side> theirs;
     for (const std::string& m : modes)
       theirs.push_back(run_reference(fmt::format(
           "{} {} bench --preset {} --precision {} --micro-batch {} --seq {} --steps {} --warmup {} --data {} "
           "--device {} --json{} {}",
-          shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, p, B, T, steps, warmup,
+          shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, ref_p, B, T, steps, warmup,
           shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu", m == "compile" ? " --compile" : "",
           r["reference-args"].as<std::string>())));
     for (const std::string& rc : recompute_modes) {
@@ -223,6 +229,7 @@ int run_bench(int argc, char** argv) {
       const double fpt = c.model.flops_per_token(T);
       nlohmann::ordered_json j;
       j["precision"] = p;
+      if (!modes.empty()) j["reference_precision"] = ref_p;
       j["recompute"] = mode;
       const std::string label = mode == "none" ? p : p + " (" + mode + ")";
       j["blutrain_tokens_per_s"] = ours.tokens_per_s;
@@ -233,7 +240,8 @@ int run_bench(int argc, char** argv) {
       // figures, the reference's, and BluTrain's ratio to it.
       for (size_t i = 0; i < std::max<size_t>(modes.size(), 1); ++i) {
         const Side* t = i < theirs.size() ? &theirs[i] : nullptr;
-        const std::string name = t ? kReferenceNames.at(modes[i]) : "-";
+        const std::string name =
+            t ? kReferenceNames.at(modes[i]) + (ref_p != p ? " (strict " + ref_p + ")" : "") : "-";
         const double speed = t ? ours.tokens_per_s / t->tokens_per_s : 0.0;
         const double mem = t && t->peak_mem ? static_cast<double>(ours.peak_mem) / t->peak_mem : 0.0;
         if (t) {

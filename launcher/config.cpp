@@ -57,7 +57,7 @@ const std::vector<Key>& keys() {
       BT_KEY("train.eps", train.eps, "AdamW epsilon"),
       BT_KEY("train.grad_clip", train.grad_clip, "global gradient-norm clip (0: off)"),
       BT_KEY("train.device", train.device, "auto | cpu | cuda | cuda:N"),
-      BT_KEY("train.precision", train.precision, "fp32 | tf32 | bf16"),
+      BT_KEY("train.precision", train.precision, "fp32 | tf32 | fp32x3 | bf16"),
       BT_KEY("train.recompute", train.recompute,
              "auto | none | selective | full: activations backward rebuilds instead of keeping "
              "(auto: selective under bf16, else none)"),

@@ -43,15 +43,27 @@ std::optional<double> peak_flops(const Device& d, Precision p) {
   if (cudaGetDeviceProperties(&prop, d.index) != cudaSuccess) return std::nullopt;
   const std::string name = prop.name;
   // Dense tensor-core peaks (bf16 / tf32) and the fp32 SIMT peak, SXM parts.
+  // fp32x3 spends three TF32 products on each matmul FLOP (Note [3xTF32] in
+  // kernels/gemm.h): its peak is a third of tf32's.
   struct Peak {
     const char* tag;
     double bf16, tf32, fp32;
   };
   const Peak peaks[] = {
       {"H200", 989e12, 494e12, 67e12}, {"H100", 989e12, 494e12, 67e12}, {"A100", 312e12, 156e12, 19.5e12}};
-  for (const Peak& k : peaks)
-    if (name.find(k.tag) != std::string::npos)
-      return p == Precision::BF16 ? k.bf16 : p == Precision::TF32 ? k.tf32 : k.fp32;
+  for (const Peak& k : peaks) {
+    if (name.find(k.tag) == std::string::npos) continue;
+    switch (p) {
+      case Precision::BF16:
+        return k.bf16;
+      case Precision::TF32:
+        return k.tf32;
+      case Precision::FP32X3:
+        return k.tf32 / 3;
+      case Precision::FP32:
+        return k.fp32;
+    }
+  }
 #else
   (void)d;
   (void)p;

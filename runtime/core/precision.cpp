@@ -15,8 +15,9 @@ void set_precision(Precision p) { g_precision.store(p); }
 Precision parse_precision(std::string_view s) {
   if (s == "fp32") return Precision::FP32;
   if (s == "tf32") return Precision::TF32;
+  if (s == "fp32x3") return Precision::FP32X3;
   if (s == "bf16") return Precision::BF16;
-  BT_FAIL("unknown precision '", s, "'; use fp32, tf32 or bf16");
+  BT_FAIL("unknown precision '", s, "'; use fp32, tf32, fp32x3 or bf16");
 }
 
 std::string_view precision_name(Precision p) {
@@ -25,6 +26,8 @@ std::string_view precision_name(Precision p) {
       return "fp32";
     case Precision::TF32:
       return "tf32";
+    case Precision::FP32X3:
+      return "fp32x3";
     case Precision::BF16:
       return "bf16";
   }

@@ -61,10 +61,19 @@ MatOperand operand(const Tensor& t_in) {
   return op;
 }
 
-/// How the precision policy multiplies f32 matrices: tf32 on TF32 tensor
-/// cores, else strict.
+/// How the precision policy multiplies f32 matrices: fp32x3 as 3xTF32 (Note
+/// [3xTF32] in kernels/gemm.h), tf32 on TF32 tensor cores, else strict.
 kernels::GemmMath gemm_math(Precision p) {
-  return p == Precision::TF32 ? kernels::GemmMath::Tf32 : kernels::GemmMath::Strict;
+  switch (p) {
+    case Precision::TF32:
+      return kernels::GemmMath::Tf32;
+    case Precision::FP32X3:
+      return kernels::GemmMath::Tf32x3;
+    case Precision::FP32:
+    case Precision::BF16:
+      break;
+  }
+  return kernels::GemmMath::Strict;
 }
 
 void run_gemm(kernels::GemmArgs& g, const Device& d) {

@@ -31,7 +31,7 @@ struct TrainOptions {
   double eps = 1e-8;
   double grad_clip = 1.0;          // 0 = off
   std::string device = "auto";     // auto | cpu | cuda | cuda:N
-  std::string precision = "fp32";  // fp32 | tf32 | bf16
+  std::string precision = "fp32";  // fp32 | tf32 | fp32x3 | bf16
   std::string recompute = "auto";  // auto | none | selective | full (Note [Recompute defaults])
   uint64_t seed = 1337;
   int64_t eval_every = 100;  // steps; 0 = only at the end (if data.val is set)

@@ -1,7 +1,8 @@
 // `blutrain bench` against a stand-in reference script (the real one needs
 // torch and a GPU: scripts/gpu-fidelity runs it): each --reference mode runs
 // the script as it should (--compile for torch.compile), every reference gets
-// its own row and BluTrain's ratios against it, and bad input is named.
+// its own row and BluTrain's ratios against it, fp32x3 is measured against
+// the references' strict fp32, and bad input is named.
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -35,9 +36,10 @@ class Bench : public ::testing::Test {
                               "                  'torch_version': 'stand-in'}))\n";
   }
   /// `blutrain bench` of the tiny preset, one short step on the CPU, plus `args`.
-  test::CommandResult bench(const std::string& args) const {
-    return test::run_command(test::blutrain_exe() +
-                             " bench --preset tiny --device cpu --precision fp32 --micro-batch 1 --seq 16"
+  test::CommandResult bench(const std::string& args, const std::string& precision = "fp32") const {
+    return test::run_command(test::blutrain_exe() + " bench --preset tiny --device cpu --precision " +
+                             precision +
+                             " --micro-batch 1 --seq 16"
                              " --steps 1 --warmup 0 --python python3 --reference-script " +
                              script_ + " --json " + dir_.file("out.json") + " " + args);
   }
@@ -98,6 +100,26 @@ TEST_F(Bench, OneReferenceOrNone) {
     EXPECT_EQ(calls().size(), 2u) << none << ": no reference runs";
     EXPECT_NE(r.out.find("| fp32 | - | "), std::string::npos) << r.out;
   }
+}
+
+// PyTorch has no 3xTF32: BluTrain's fp32x3 is measured against the
+// references in strict fp32, the numerics fp32x3 keeps, and the rows say so.
+TEST_F(Bench, Fp32x3IsMeasuredAgainstStrictFp32) {
+  const test::CommandResult r = bench("", "fp32x3,fp32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<std::string> c = calls();
+  ASSERT_EQ(c.size(), 4u) << r.out;
+  for (const std::string& l : c)
+    EXPECT_NE(l.find("--precision fp32 --micro-batch 1 --seq 16"), std::string::npos) << l;
+  EXPECT_NE(r.out.find("| fp32x3 | PyTorch eager (strict fp32) | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| fp32x3 | torch.compile (strict fp32) | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| fp32 | PyTorch eager | "), std::string::npos) << r.out;
+  const nlohmann::json all = nlohmann::json::parse(std::ifstream(dir_.file("out.json")));
+  ASSERT_EQ(all.size(), 2u) << all;
+  EXPECT_EQ(all[0].at("precision"), "fp32x3");
+  EXPECT_EQ(all[0].at("reference_precision"), "fp32");
+  EXPECT_EQ(all[1].at("reference_precision"), "fp32");
+  EXPECT_GT(all[0].at("blutrain_tokens_per_s").get<double>(), 0.0);
 }
 
 TEST_F(Bench, BadReferencesAreNamed) {

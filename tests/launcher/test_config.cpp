@@ -126,6 +126,18 @@ TEST_F(ConfigTest, ImpossibleValuesAreNamed) {
   EXPECT_NE(e.find("train.warmup_steps must be >= 0"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, EveryPrecisionParsesAndABadOneListsThem) {
+  for (const char* p : {"fp32", "tf32", "fp32x3", "bf16"}) {
+    EXPECT_EQ(load_train_config("", {std::string("train.precision=") + p}).train.precision, p);
+    EXPECT_EQ(load_train_config(yaml(std::string("train:\n  precision: ") + p + "\n"), {}).train.precision,
+              p);
+  }
+  const std::string e = error_of("", {"train.precision=fp32x4"});
+  EXPECT_NE(e.find("train.precision"), std::string::npos) << e;
+  EXPECT_NE(e.find("'fp32x4'"), std::string::npos) << e;
+  EXPECT_NE(e.find("use fp32, tf32, fp32x3 or bf16"), std::string::npos) << e;
+}
+
 TEST_F(ConfigTest, BadFilesAreNamed) {
   EXPECT_NE(error_of(dir_.file("missing.yaml")).find("missing.yaml' does not exist"), std::string::npos);
   const std::string bad = yaml("train: [unclosed\n");

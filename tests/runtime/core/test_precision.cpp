@@ -26,18 +26,20 @@ class PrecisionScope {
 TEST(Precision, StrictFloat32UntilSet) { EXPECT_EQ(precision(), Precision::FP32); }
 
 TEST(Precision, NamesParseBack) {
-  for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16})
+  for (Precision p : {Precision::FP32, Precision::TF32, Precision::FP32X3, Precision::BF16})
     EXPECT_EQ(parse_precision(precision_name(p)), p) << precision_name(p);
   EXPECT_EQ(precision_name(Precision::FP32), "fp32");
   EXPECT_EQ(precision_name(Precision::TF32), "tf32");
+  EXPECT_EQ(precision_name(Precision::FP32X3), "fp32x3");
   EXPECT_EQ(precision_name(Precision::BF16), "bf16");
 }
 
 TEST(Precision, AnUnknownNameIsAnErrorThatQuotesIt) {
-  for (const std::string bad : {"FP32", "bf-16", "fp16", "float32", "", "bf16 "}) {
+  for (const std::string bad :
+       {"FP32", "bf-16", "fp16", "float32", "", "bf16 ", "fp32x2", "3xtf32", "FP32X3"}) {
     const std::string msg = test::error_message([&] { (void)parse_precision(bad); });
     EXPECT_NE(msg.find("'" + bad + "'"), std::string::npos) << bad << ": " << msg;
-    EXPECT_NE(msg.find("use fp32, tf32 or bf16"), std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("use fp32, tf32, fp32x3 or bf16"), std::string::npos) << bad << ": " << msg;
   }
 }
 

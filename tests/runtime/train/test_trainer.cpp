@@ -132,6 +132,42 @@ TEST_F(TrainerTest, GradientAccumulationMatchesOneBatch) {
   for (size_t i = 0; i < pa.size(); ++i) ASSERT_NEAR(pb[i], pa[i], 1e-4) << "parameter element " << i;
 }
 
+// fp32x3 (Note [3xTF32] in kernels/gemm.h: matmuls as error-compensated
+// TF32, the CPU computing what the GPU does) tracks strict fp32 from the same
+// weights and data, yet not to the bit (the precision took effect). Measured
+// over these 12 steps: losses 6.6e-8 apart at most, gradient norms 5.8e-7
+// (relative). The fidelity tolerance, 1e-5 on the losses, is not enough here
+// to tell the compensation from plain TF32 products (2.6e-6 on the losses,
+// 2.3e-4 on the norms at this size), so the bounds are 5e-7 on the losses and
+// 1e-5 on the norms: both fail without the compensation.
+TEST_F(TrainerTest, Fp32x3TracksStrictFp32) {
+  TrainConfig c = config();
+  c.data.shuffle = false;
+  c.train.steps = 12;
+  c.train.grad_clip = 0.5;  // clipping is active
+  std::vector<StepStats> runs[2];
+  for (int i = 0; i < 2; ++i) {
+    c.train.precision = i == 0 ? "fp32" : "fp32x3";
+    Trainer t(c);
+    for (int64_t s = 0; s < c.train.steps; ++s) runs[i].push_back(t.step());
+  }
+  double loss = 0, norm = 0;
+  bool same = true;
+  for (size_t s = 0; s < runs[0].size(); ++s) {
+    const StepStats &f = runs[0][s], &x = runs[1][s];
+    loss = std::max(loss, std::fabs(x.loss - f.loss) / f.loss);
+    norm = std::max(norm, std::fabs(x.grad_norm - f.grad_norm) / f.grad_norm);
+    same = same && x.loss == f.loss && x.grad_norm == f.grad_norm;
+  }
+  std::printf("fp32x3 against fp32 over %zu steps: losses %.3e, gradient norms %.3e (relative)\n",
+              runs[0].size(), loss, norm);
+  EXPECT_FALSE(same) << "fp32x3 gave fp32's bits: train.precision=fp32x3 did not take effect";
+  EXPECT_LT(loss, 5e-7) << "per-step losses";
+  EXPECT_LT(norm, 1e-5) << "per-step gradient norms";
+  EXPECT_LT(runs[1].back().loss, runs[1].front().loss - 0.5)
+      << "the runs must learn for this to mean something";
+}
+
 std::string error_of(const TrainConfig& c) {
   return test::error_message([&] { Trainer t(c); });
 }
