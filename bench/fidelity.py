@@ -5,7 +5,7 @@
    no validation, no sample) and saves its initial weights, final weights,
    per-step metrics and resolved config into --out;
 2. gpt2_ref.py trains from the same resolved config, starting from BluTrain's
-   initial weights;
+   initial weights (BluTrain's fp32x3 against PyTorch in strict fp32);
 3. per-step losses, gradient norms and learning rates and the final weights are
    compared; a Markdown table and a summary are printed (and written to
    OUT/report.md). Exit status 1 when the largest relative loss difference
@@ -119,7 +119,8 @@ def main():
                     help="preset (tiny, gpt2-124m: configs/NAME.yaml) or a YAML config path")
     ap.add_argument("--data", required=True, help="glob of llm.c token shards (train.data)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
+    ap.add_argument("--precision", default="fp32", choices=gpt2_ref.PRECISIONS,
+                    help="train.precision; the reference runs fp32x3 as strict fp32")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--micro-batch", type=int, help="train.micro_batch (default: the config's)")
     ap.add_argument("--batch-size", type=int, help="train.batch_size (default: the config's)")
@@ -269,7 +270,9 @@ def main():
     verdict = "FAIL" if failed else "PASS"
 
     cfg = json.load(open(P["cfg"])) if os.path.exists(P["cfg"]) else {}
-    header = (f"## Fidelity: {args.config}, {n} steps, {args.precision} on {args.device}: {verdict}\n\n"
+    ref_precision = gpt2_ref.torch_precision(args.precision)
+    against = f" (the reference in strict {ref_precision})" if ref_precision != args.precision else ""
+    header = (f"## Fidelity: {args.config}, {n} steps, {args.precision}{against} on {args.device}: {verdict}\n\n"
               f"BluTrain `{args.blutrain}` against `bench/gpt2_ref.py`, data `{args.data}`, outputs in `{out}`.\n")
     report = "\n".join([header, *lines, *wlines, "", *summary, *[f"- problem: {p}" for p in problems],
                         "", f"fidelity: {verdict}"]) + "\n"

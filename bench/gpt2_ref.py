@@ -50,6 +50,16 @@ PRESETS = {
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, vocab_size=50257),
 }
 
+# BluTrain's precisions (train.precision). fp32x3 keeps fp32's numerics with
+# error-compensated TF32 matmuls, which PyTorch lacks: its reference is PyTorch
+# in strict fp32.
+PRECISIONS = ("fp32", "tf32", "fp32x3", "bf16")
+
+
+def torch_precision(precision):
+    """The PyTorch setting that stands for a BluTrain precision."""
+    return "fp32" if precision == "fp32x3" else precision
+
 
 class RefError(Exception):
     """A user-fixable problem (bad config, file or data); printed without a traceback."""
@@ -392,12 +402,14 @@ if torch is not None:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kw)
 
     def set_precision(precision, device):
-        """fp32: no TF32; tf32: TF32 matmuls and convolutions; bf16: autocast to
-        bf16 around forward + loss (fp32 master weights). Returns the autocast
-        context factory."""
-        if precision not in ("fp32", "tf32", "bf16"):
-            raise RefError(f"train.precision must be fp32, tf32 or bf16, got '{precision}'")
-        tf32 = precision == "tf32"
+        """fp32: no TF32; tf32: TF32 matmuls and convolutions; fp32x3: strict fp32,
+        as fp32 (BluTrain's fp32x3 runs its matmuls as error-compensated TF32 to
+        keep fp32's numerics; PyTorch has no such mode, and strict fp32 is what
+        it is compared with); bf16: autocast to bf16 around forward + loss (fp32
+        master weights). Returns the autocast context factory."""
+        if precision not in PRECISIONS:
+            raise RefError(f"train.precision must be fp32, tf32, fp32x3 or bf16, got '{precision}'")
+        tf32 = torch_precision(precision) == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -689,6 +701,7 @@ def cmd_bench(args):
         "system": ("pytorch-compile" if args.compile else "pytorch-eager") + (f"-{args.dist}" if args.dist else ""),
         "world_size": world,
         "precision": args.precision,
+        "torch_precision": torch_precision(args.precision),
         "preset": args.preset,
         "micro_batch": B,
         "seq": T,
@@ -973,7 +986,8 @@ def main(argv=None):
     tr.add_argument("--steps", type=int, help="run only the first N steps (the LR schedule keeps train.steps)")
     be = sub.add_parser("bench", help="time a nanoGPT-style training step")
     be.add_argument("--preset", default="gpt2-124m", choices=sorted(PRESETS))
-    be.add_argument("--precision", default="bf16", choices=("fp32", "tf32", "bf16"))
+    be.add_argument("--precision", default="bf16", choices=PRECISIONS,
+                    help="fp32x3 runs as strict fp32 (PyTorch has no 3xTF32)")
     be.add_argument("--micro-batch", type=int, default=16)
     be.add_argument("--seq", type=int, default=1024)
     be.add_argument("--steps", type=int, default=30, help="timed steps (after the warm-up steps)")

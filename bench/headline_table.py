@@ -81,7 +81,8 @@ def table(work, n, precision):
                      (re.search(r"-pt-ddp(\d+)\.out$", p) for p in glob.glob(f"{work}/{precision}-pt-ddp*.out")) if m)
     rows += [("PyTorch eager", f"DDP, {b} MiB buckets", n, pytorch(work, f"{precision}-pt-ddp{b}"), pt1)
              for b in buckets or [25]]
-    out = [f"**{precision}**" + (" (strict: no TF32)" if precision == "fp32" else "") + "\n",
+    note = {"fp32": " (strict: no TF32)", "fp32x3": " (3xTF32 matmuls; the PyTorch rows run strict fp32)"}
+    out = [f"**{precision}**" + note.get(precision, "") + "\n",
            "| system | mode | GPUs | tokens/s | weak-scaling efficiency | allocator peak per GPU | nvidia-smi peak per GPU "
            "| tokens/s vs PyTorch DDP | allocator peak vs PyTorch DDP | nvidia-smi peak vs PyTorch DDP |",
            "|---|---|---|---|---|---|---|---|---|---|"]
