@@ -402,24 +402,23 @@ __device__ __forceinline__ float tf32_rna(float x) {
 /// three copies along K at dst + b * dst_stride, packed as split_x3 in
 /// kernels/cpu/gemm.cpp packs them: K along the columns gives rows
 /// [seg 0 | seg 1 | seg 2], else the segments are stacked. Segment s holds the
-/// small TF32 parts when bit s of small_mask is set, else the big ones.
+/// small TF32 parts when bit s of small_mask is set, else the big ones. The y
+/// blocks walk the rows, the x threads a row's columns: coalesced on both
+/// sides, one division per row.
 __global__ void split_x3_kernel(const float* __restrict__ src, int64_t ld, int64_t src_stride,
                                 float* __restrict__ dst, int64_t dst_stride, int64_t rows, int64_t cols,
                                 int64_t items, bool k_along_cols, unsigned small_mask) {
-  const int64_t total = items * rows * cols;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
-    const int64_t j = e % cols;
-    const int64_t rest = e / cols;
-    const int64_t r = rest % rows;
-    const int64_t b = rest / rows;
-    const float x = src[b * src_stride + r * ld + j];
-    const float big = tf32_rna(x);
-    const float small = isfinite(big) ? tf32_rna(x - big) : 0.0f;
-    float* d = dst + b * dst_stride;
-    for (int seg = 0; seg < 3; ++seg) {
-      const int64_t at = k_along_cols ? r * 3 * cols + seg * cols + j : (seg * rows + r) * cols + j;
-      d[at] = (small_mask >> seg) & 1u ? small : big;
+  const int64_t seg_stride = k_along_cols ? cols : rows * cols;
+  for (int64_t row = blockIdx.y; row < items * rows; row += gridDim.y) {
+    const int64_t b = row / rows, r = row % rows;
+    const float* s = src + b * src_stride + r * ld;
+    float* d = dst + b * dst_stride + r * (k_along_cols ? 3 * cols : cols);
+    for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < cols;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const float x = s[j];
+      const float big = tf32_rna(x);
+      const float small = isfinite(big) ? tf32_rna(x - big) : 0.0f;
+      for (int seg = 0; seg < 3; ++seg) d[seg * seg_stride + j] = (small_mask >> seg) & 1u ? small : big;
     }
   }
 }
@@ -483,8 +482,10 @@ void gemm_x3(const GemmArgs& a, const GemmPieces& p, float* scratch, cudaStream_
   constexpr int kThreads = 256;
   auto split = [&](const float* src, int64_t ld, int64_t src_stride, float* dst, int64_t rows, int64_t cols,
                    int64_t items, bool k_along_cols, const bool small[3]) {
-    split_x3_kernel<<<grid_stride_blocks(items * rows * cols, kThreads), kThreads, 0, stream>>>(
-        src, ld, src_stride, dst, 3 * rows * cols, rows, cols, items, k_along_cols, mask_of(small));
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, kThreads), 65535)),
+                    static_cast<unsigned>(std::min<int64_t>(items * rows, 65535)));
+    split_x3_kernel<<<grid, kThreads, 0, stream>>>(src, ld, src_stride, dst, 3 * rows * cols, rows, cols,
+                                                   items, k_along_cols, mask_of(small));
     BT_KERNEL_CHECK();
   };
   // Which piece of each operand scratch holds now: (batch item, row or column, k).
