@@ -555,9 +555,14 @@ double gpu_error_vs_float64(int64_t m, int64_t n, int64_t k, GemmMath math, std:
   return rel_error(dC.to_host(DType::F32, m * n).vals(), ref);
 }
 
-// Note [3xTF32] on the GPU: against float64, the 3xTF32 GEMM is about as close
-// as cuBLAS's strict SGEMM and far closer than its TF32 GEMM (the bounds of
-// GemmCpu.Tf32x3IsAsCloseToFloat64AsSgemm in tests/kernels/cpu/test_gemm.cpp).
+// Note [3xTF32] on the GPU: against float64, the 3xTF32 GEMM is within a small
+// factor of cuBLAS's strict SGEMM and far closer than its TF32 GEMM. On the
+// CPU (GemmCpu.Tf32x3IsAsCloseToFloat64AsSgemm) both products run through the
+// same FMA sgemm and 3xTF32 matches SGEMM to 2^-23; on the H100 the tensor
+// cores accumulate the three products less exactly than SGEMM's FMAs (seed
+// 1858702552, 96 x 80: 9.5e-8, 2.0e-7, 4.9e-7 against SGEMM's 5.7e-8,
+// 1.2e-7, 2.2e-7 at k = 16, 256, 2048; one TF32 product 2.9e-4), so the bound
+// here is 4x SGEMM's error, still 150x below one TF32 product.
 TEST(CudaGemm, Tf32x3IsAsCloseToFloat64AsSgemm) {
   BT_SKIP_WITHOUT_GPU();
   BT_SEED(seed);
@@ -571,7 +576,7 @@ TEST(CudaGemm, Tf32x3IsAsCloseToFloat64AsSgemm) {
     }
     std::printf("k %4lld: strict %.3e, 3xtf32 %.3e, tf32 %.3e\n", static_cast<long long>(k), err[0], err[1],
                 err[2]);
-    EXPECT_LT(err[1], err[0] + 0x1p-23) << "3xTF32 is not about as accurate as SGEMM";
+    EXPECT_LT(err[1], 4 * err[0] + 0x1p-23) << "3xTF32 is not about as accurate as SGEMM";
     EXPECT_GT(err[2], 256 * err[1]) << "3xTF32 is not far more accurate than one TF32 product";
   }
 }
