@@ -6,6 +6,9 @@ Subcommands:
   train     train from a BluTrain resolved config (blutrain train --resolved-config)
             and write per-step metrics (JSONL) and weights (HDF5, "blutrain-weights")
   bench     time a nanoGPT-style eager (or --compile) training step; one JSON line
+  attention time PyTorch's scaled_dot_product_attention, causal, with each of
+            its backends (flash, memory-efficient, cuDNN), forward and backward;
+            the ceiling bt_kernel_bench compares BluTrain's attention with
   selftest  CPU checks of this file's own pieces (no data needed)
 
 The model (see bench/README.md for the full contract): token embedding wte
@@ -969,6 +972,62 @@ def cmd_selftest(args):
     return 1 if failed else 0
 
 
+# ----------------------------------------------------------------------------- attention
+
+
+def cmd_attention(args):
+    """Median CUDA-event times of causal SDPA per backend, in the layout the
+    GPT block gives it: q, k, v [B, H, T, D] views of one [B, T, 3, H, D]
+    projection (transposed, not copied), as bt_kernel_bench times BluTrain's.
+    One JSON line: {dtype: {backend: {fwd_ms, bwd_ms} or {error}}}."""
+    _need_torch()
+    if not torch.cuda.is_available():
+        raise RefError("attention timing needs a CUDA device")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION}
+    dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
+
+    def median_ms(fn):
+        for _ in range(args.warmup):
+            fn()
+        times = []
+        for _ in range(args.reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return sorted(times)[len(times) // 2]
+
+    out = {"torch_version": torch.__version__, "shape": [B, H, T, D]}
+    for name in args.dtypes.split(","):
+        dt = {"bf16": torch.bfloat16, "f32": torch.float32}[name]
+        g = torch.Generator(device=dev).manual_seed(1)
+        qkv = torch.randn(B, T, 3, H, D, device=dev, dtype=dt, generator=g)
+        # Leaves of their own (still strided views): the backward is timed
+        # without autograd assembling a gradient of the fused buffer.
+        q, k, v = (qkv[:, :, i].transpose(1, 2).requires_grad_() for i in range(3))
+        dout = torch.randn(B, H, T, D, device=dev, dtype=dt, generator=g)
+        res = {}
+        for bname, backend in backends.items():
+            try:
+                with sdpa_kernel([backend]):
+                    fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    bwd = median_ms(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+                res[bname] = {"fwd_ms": fwd, "bwd_ms": bwd}
+            except RuntimeError as e:  # the backend does not take this dtype or shape
+                res[bname] = {"error": str(e).splitlines()[0][:200]}
+        out[name] = res
+    print(json.dumps(out))
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -1001,10 +1060,19 @@ def main(argv=None):
     be.add_argument("--json", action="store_true", help="print only one JSON line")
     be.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="after timing, profile this many more steps and print the kernels' table to stderr")
+    at = sub.add_parser("attention", help="time causal SDPA per backend (one JSON line)")
+    at.add_argument("--batch", type=int, default=16)
+    at.add_argument("--heads", type=int, default=12)
+    at.add_argument("--seq", type=int, default=1024)
+    at.add_argument("--head-dim", type=int, default=64)
+    at.add_argument("--dtypes", default="bf16,f32", help="comma-separated: bf16, f32 (strict, TF32 off)")
+    at.add_argument("--warmup", type=int, default=10)
+    at.add_argument("--reps", type=int, default=30)
     sub.add_parser("selftest", help="CPU checks of this reference (no data needed)")
     args = ap.parse_args(argv)
     try:
-        return {"train": cmd_train, "bench": cmd_bench, "selftest": cmd_selftest}[args.cmd](args)
+        return {"train": cmd_train, "bench": cmd_bench, "attention": cmd_attention,
+                "selftest": cmd_selftest}[args.cmd](args)
     except RefError as e:
         print(f"gpt2_ref.py {args.cmd}: error: {e}", file=sys.stderr)
         return 2

@@ -11,14 +11,18 @@
 //   Causal attention, bf16 and strict f32, GPT-2 124M shape (B 16, H 12,
 //     T 1024, D 64; q/k/v strided slices of a fused [B, T, 3, H, D] buffer),
 //     forward and backward in TFLOP/s: the fast path (bf16: tensor cores; f32:
-//     the register-tiled FFMA kernels) against the one-row-per-lane SIMT kernel
-//     it replaced (reached by a t-stride of 3HD + 1, whose unaligned rows the
-//     fast paths decline). Causal FLOPs: forward 2 B H T^2 D, backward 2.5x that.
+//     the register-tiled FFMA kernels) against PyTorch's best SDPA backend for
+//     that dtype and direction, timed in the same run by the reference script
+//     (`gpt2_ref.py attention`: flash, memory-efficient and cuDNN, on q/k/v
+//     views of the same fused layout). Without torch, against the
+//     one-row-per-lane SIMT kernel the fast paths replaced (reached by a
+//     t-stride of 3HD + 1, whose unaligned rows they decline). Causal FLOPs:
+//     forward 2 B H T^2 D, backward 2.5x that.
 //
 // Timing: CUDA events around each repetition, after warm-up; the median of
 // >= 20 repetitions; inputs are random (never zeros).
 //
-//   bt_kernel_bench [--quick] [--markdown PATH]
+//   bt_kernel_bench [--quick] [--markdown PATH] [--python PY] [--reference-script PATH | --no-reference]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,9 +32,11 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
@@ -48,6 +54,8 @@ struct Options {
   bool quick = false;
   std::string markdown;
   std::string command_line;
+  std::string python = "python3";
+  std::string reference = "bench/gpt2_ref.py";  // empty: no PyTorch reference
 };
 
 Options parse(int argc, char** argv) {
@@ -59,11 +67,19 @@ Options parse(int argc, char** argv) {
       o.quick = true;
     } else if (a == "--markdown" && i + 1 < argc) {
       o.markdown = argv[++i];
+    } else if (a == "--python" && i + 1 < argc) {
+      o.python = argv[++i];
+    } else if (a == "--reference-script" && i + 1 < argc) {
+      o.reference = argv[++i];
+    } else if (a == "--no-reference") {
+      o.reference.clear();
     } else if (a == "--help" || a == "-h") {
-      std::cout << "usage: bt_kernel_bench [--quick] [--markdown PATH]\n";
+      std::cout << "usage: bt_kernel_bench [--quick] [--markdown PATH] [--python PY] "
+                   "[--reference-script PATH | --no-reference]\n";
       std::exit(0);
     } else {
-      std::cerr << "bt_kernel_bench: unknown argument '" << a << "' (use --quick, --markdown PATH)\n";
+      std::cerr << "bt_kernel_bench: unknown argument '" << a
+                << "' (use --quick, --markdown PATH, --python PY, --reference-script PATH, --no-reference)\n";
       std::exit(2);
     }
   }
@@ -220,13 +236,50 @@ double adamw_gbps(Timer& timer, cudaStream_t s, size_t param_bytes) {
 }
 
 // ---------------------------------------------------------------- attention
-void bench_attention(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
+/// PyTorch SDPA's times at the same shape (`gpt2_ref.py attention`, one JSON
+/// line: {dtype: {backend: {fwd_ms, bwd_ms} | {error}}}), or null with the
+/// reason on stderr when the reference cannot run (no torch, no script).
+nlohmann::json sdpa_times(const Options& opt) {
+  if (opt.reference.empty()) return nullptr;
+  const std::string cmd = opt.python + " '" + opt.reference + "' attention --warmup " +
+                          std::to_string(opt.quick ? 3 : 10) + " --reps " +
+                          std::to_string(opt.quick ? 20 : 50) + " 2>&1";
+  std::cout << "reference: " << cmd << "\n" << std::flush;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out, last_json;
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) {
+    out += buf;
+    if (buf[0] == '{') last_json = buf;
+  }
+  const int st = p ? pclose(p) : -1;
+  if (st != 0 || last_json.empty()) {
+    std::cerr << "bt_kernel_bench: the PyTorch attention reference failed (status " << st
+              << "); attention is compared with the old SIMT kernel. Its output:\n"
+              << out;
+    return nullptr;
+  }
+  return nlohmann::json::parse(last_json);
+}
+
+/// The fastest backend's time for `dir` ("fwd_ms" or "bwd_ms") in `res`
+/// ({backend: {...}}): {ms, name}, or {0, ""} when none ran.
+std::pair<double, std::string> best_backend(const nlohmann::json& res, const char* dir) {
+  std::pair<double, std::string> best{0.0, ""};
+  for (const auto& [name, r] : res.items())
+    if (r.contains(dir) && (best.first == 0.0 || r.at(dir).get<double>() < best.first))
+      best = {r.at(dir).get<double>(), name};
+  return best;
+}
+
+void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
   namespace k = bt::kernels;
   const int64_t B = 16, H = 12, T = 1024, D = 64;
   const k::AttnShape shape{B, H, T, D};
   const int64_t n = B * H * T * D;
   const double fwd_flops = 2.0 * B * H * T * T * D, bwd_flops = 2.5 * fwd_flops;
   const std::string size = "B16 H12 T1024 D64";
+  const nlohmann::json sdpa = sdpa_times(opt);  // the same shape: gpt2_ref.py attention's defaults
   const auto tf = [](double flops, double t) { return flops / (t * 1e-3) / 1e12; };
   for (DType dt : {DType::BF16, DType::F32}) {
     const size_t es = bt::dtype_size(dt);
@@ -267,10 +320,16 @@ void bench_attention(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
       ms[pi][1] = timer.median_ms([&] { k::cuda::attention_backward(b, scratch.as<float>(), s); }, s);
     }
     const std::string name = dt == DType::F32 ? "f32 (strict, causal)" : "bf16 (causal)";
-    rows.push_back({"Attention fwd " + name, size, "TFLOP/s", tf(fwd_flops, ms[0][0]),
-                    tf(fwd_flops, ms[1][0]), "old SIMT kernel"});
-    rows.push_back({"Attention bwd " + name, size, "TFLOP/s", tf(bwd_flops, ms[0][1]),
-                    tf(bwd_flops, ms[1][1]), "old SIMT kernel"});
+    const char* key = dt == DType::F32 ? "f32" : "bf16";
+    for (int d = 0; d < 2; ++d) {
+      const double flops = d == 0 ? fwd_flops : bwd_flops;
+      const auto [ref_ms, backend] = sdpa.is_object() && sdpa.contains(key)
+                                         ? best_backend(sdpa.at(key), d == 0 ? "fwd_ms" : "bwd_ms")
+                                         : std::pair<double, std::string>{0.0, ""};
+      rows.push_back({std::string(d == 0 ? "Attention fwd " : "Attention bwd ") + name, size, "TFLOP/s",
+                      tf(flops, ms[0][d]), ref_ms > 0 ? tf(flops, ref_ms) : tf(flops, ms[1][d]),
+                      ref_ms > 0 ? "PyTorch SDPA (" + backend + ")" : "old SIMT kernel"});
+    }
   }
 }
 
@@ -312,7 +371,7 @@ int main(int argc, char** argv) {
     Timer timer(opt.quick ? 3 : 10, opt.quick ? 20 : 50);
     std::vector<Row> rows;
     bench_gemm(timer, s, rows);
-    bench_attention(timer, s, rows);
+    bench_attention(opt, timer, s, rows);
 
     std::vector<size_t> sizes = {size_t{64} << 20};
     if (!opt.quick) sizes.push_back(size_t{256} << 20);
