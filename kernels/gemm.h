@@ -8,10 +8,14 @@
 // (F32, F64 on CPU only, BF16); accumulation is always in fp32 (fp64 for F64).
 // An F32 GEMM multiplies as `math` says: strict fp32, TF32 tensor cores, or
 // error-compensated TF32 (Note [3xTF32]).
+// One mixed case: BF16 A and B with an F32 C (`c_dtype`), for f32 gradients
+// of bf16 weights written, or accumulated with beta = 1, by the GEMM itself
+// (Note [Gradients in a wider dtype], runtime/autograd/engine.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "kernels/common/dtype.h"
 #ifdef BT_CUDA
@@ -65,7 +69,10 @@ enum class Epilogue : uint8_t {
 };
 
 struct GemmArgs {
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // of A and B; also of C, bias and pre_gelu unless c_dtype is set
+  /// C's dtype when it is wider than the operands': only F32 with BF16 A and
+  /// B, only with Epilogue::None (no bias or GELU; alpha and beta as usual).
+  std::optional<DType> c_dtype;
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   float alpha = 1.0f, beta = 0.0f;
@@ -85,6 +92,17 @@ struct GemmArgs {
   /// F32 only: strict, TF32 or 3xTF32 products (Note [3xTF32]).
   GemmMath math = GemmMath::Strict;
 };
+
+/// The dtype of C; throws bt::Error naming `who` for a c_dtype the GEMMs do
+/// not support (the rules at GemmArgs::c_dtype).
+inline DType gemm_c_dtype(const GemmArgs& g, const char* who) {
+  if (!g.c_dtype || *g.c_dtype == g.dtype) return g.dtype;
+  BT_CHECK(g.dtype == DType::BF16 && *g.c_dtype == DType::F32, who, ": a C of dtype ", *g.c_dtype, " with ",
+           g.dtype, " A and B is not supported (the one mixed GEMM is bf16 A and B into an f32 C)");
+  BT_CHECK(g.epilogue == Epilogue::None, who, ": a bf16 GEMM into an f32 C takes no epilogue (got epilogue ",
+           static_cast<int>(g.epilogue), "); add the bias or apply GELU separately");
+  return *g.c_dtype;
+}
 
 namespace cpu {
 void gemm(const GemmArgs& args);

@@ -1,6 +1,7 @@
 // CPU GEMM on OpenBLAS (row-major), batched by looping over the batch.
 // F32 -> sgemm, F64 -> dgemm, BF16 -> float copies of A, B (and C when beta != 0),
-// sgemm into a float C, epilogue in float, one rounding on store. The
+// sgemm into a float C, epilogue in float, one rounding on store; with an F32
+// C (c_dtype) the sgemm writes, or accumulates into, C itself. The
 // epilogue and the bf16 copies run on the kernels' pool (parallel.h).
 // F32 with GemmMath::Tf32x3 is the CUDA path's numerics (Note [3xTF32] in
 // kernels/gemm.h): the operands split into their TF32 parts, three copies
@@ -157,7 +158,7 @@ void gemm_tf32x3(const GemmArgs& g, const float* A, const float* B, float* C) {
 }
 
 template <class T>
-void gemm_impl(const GemmArgs& g) {
+void gemm_impl(const GemmArgs& g, bool c_f32) {
   const T* A = static_cast<const T*>(g.a);
   const T* B = static_cast<const T*>(g.b);
   T* C = static_cast<T*>(g.c);
@@ -166,10 +167,15 @@ void gemm_impl(const GemmArgs& g) {
   if constexpr (std::is_same_v<T, bf16>) {
     const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
     const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
-    std::vector<float> af, bfl, cf(static_cast<size_t>(g.m * g.n));
+    std::vector<float> af, bfl, cf(c_f32 ? 0 : static_cast<size_t>(g.m * g.n));
     for (int64_t i = 0; i < g.batch; ++i) {
       to_float(A + i * g.stride_a, ar, ac, g.lda, af);
       to_float(B + i * g.stride_b, br, bc, g.ldb, bfl);
+      if (c_f32) {  // no epilogue (gemm_c_dtype): the product goes straight into C
+        gemm_acc<float>(g, af.data(), std::max<int64_t>(ac, 1), bfl.data(), std::max<int64_t>(bc, 1),
+                        static_cast<float*>(g.c) + i * g.stride_c, g.ldc);
+        continue;
+      }
       T* c = C + i * g.stride_c;
       if (g.beta == 0.0f)
         std::fill(cf.begin(), cf.end(), 0.0f);
@@ -222,9 +228,10 @@ void check_args(const GemmArgs& g) {
 
 void gemm(const GemmArgs& args) {
   check_args(args);
+  const bool c_f32 = gemm_c_dtype(args, "gemm") != args.dtype;
   detail::dispatch_float(args.dtype, "gemm", [&]<class T>(std::type_identity<T>) {
     if (args.batch == 0 || args.m == 0 || args.n == 0) return;
-    gemm_impl<T>(args);
+    gemm_impl<T>(args, c_f32);
   });
 }
 

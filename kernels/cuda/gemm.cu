@@ -19,6 +19,10 @@
 // [small | big | big] and B as [big; small; big] (TF32 parts, rounded with
 // cvt.rna), and one FAST_TF32 cuBLASLt product over 3K sums the three
 // products with beta and the epilogue applied once. Note [One GEMM over 3K].
+//
+// An F32 C with BF16 A and B (GemmArgs::c_dtype) is only a C/D layout of
+// CUDA_R_32F under the same CUBLAS_COMPUTE_32F: cuBLASLt supports that
+// combination, and there is no epilogue (gemm_c_dtype).
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -131,7 +135,7 @@ int alignment_bytes(const void* p, int64_t batch_stride_bytes) {
 /// its bytes are well defined.
 struct PlanKey {
   int64_t device;
-  int64_t dtype;
+  int64_t dtype, c_dtype;
   int64_t trans_a, trans_b, math, beta_zero;  // math: GemmMath of an F32 product, else 0
   int64_t epilogue;                           // Epilogue, plus 8 when pre_gelu is used
   int64_t m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
@@ -199,7 +203,7 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
 /// Builds the descriptors and asks the heuristic; returns false when it offers
 /// no algorithm for this epilogue.
 bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t lt, bool fused) {
-  const cudaDataType_t t = cuda_type(a.dtype);
+  const cudaDataType_t t = cuda_type(a.dtype), tc = cuda_type(static_cast<DType>(key.c_dtype));
   const cublasComputeType_t compute =
       key.math == static_cast<int64_t>(GemmMath::Tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   BT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, compute, CUDA_R_32F));
@@ -211,7 +215,7 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
                    : make_layout(t, a.n, a.k, a.ldb, a.batch, a.stride_b);
   p.lb = a.trans_a ? make_layout(t, a.m, a.k, a.lda, a.batch, a.stride_a)
                    : make_layout(t, a.k, a.m, a.lda, a.batch, a.stride_a);
-  p.lc = make_layout(t, a.n, a.m, a.ldc, a.batch, a.stride_c);
+  p.lc = make_layout(tc, a.n, a.m, a.ldc, a.batch, a.stride_c);
 
   const bool bias = a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::BiasGelu;
   const bool gelu = a.epilogue == Epilogue::Gelu || a.epilogue == Epilogue::BiasGelu;
@@ -298,10 +302,13 @@ void validate(const GemmArgs& a, const char* what) {
 /// when cuBLASLt could not fuse the epilogue. The caller checked the arguments
 /// (gemm) or built them (gemm_x3); k > 0.
 void product(const GemmArgs& a, cudaStream_t stream) {
-  const int64_t es = static_cast<int64_t>(dtype_size(a.dtype));
+  const DType c_dtype = gemm_c_dtype(a, "cuda gemm");
+  const int64_t es = static_cast<int64_t>(dtype_size(a.dtype)),
+                es_c = static_cast<int64_t>(dtype_size(c_dtype));
   PlanKey key{};
   key.device = current_device();
   key.dtype = static_cast<int>(a.dtype);
+  key.c_dtype = static_cast<int>(c_dtype);
   key.trans_a = a.trans_a;
   key.trans_b = a.trans_b;
   key.math = a.dtype == DType::F32 ? static_cast<int64_t>(a.math) : 0;
@@ -313,7 +320,7 @@ void product(const GemmArgs& a, cudaStream_t stream) {
   key.stride_a = a.stride_a, key.stride_b = a.stride_b, key.stride_c = a.stride_c;
   key.align_a = alignment_bytes(a.a, a.stride_a * es);
   key.align_b = alignment_bytes(a.b, a.stride_b * es);
-  key.align_c = alignment_bytes(a.c, a.stride_c * es);
+  key.align_c = alignment_bytes(a.c, a.stride_c * es_c);
   key.align_bias = a.bias ? alignment_bytes(a.bias, 0) : 0;
   key.align_aux = a.pre_gelu ? alignment_bytes(a.pre_gelu, a.stride_c * es) : 0;
 
@@ -560,6 +567,7 @@ GemmPieces gemm_x3_pieces(const GemmArgs& a, size_t scratch_floats) {
 
 void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scratch_floats) {
   validate(args, "gemm");
+  const DType c_dtype = gemm_c_dtype(args, "cuda gemm");
   GemmArgs a = args;
   if (a.batch <= 1) a.stride_a = a.stride_b = a.stride_c = 0;
   if (a.batch == 0 || a.m == 0 || a.n == 0) return;
@@ -573,8 +581,8 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
   if (!gelu) a.pre_gelu = nullptr;
   if (!bias) a.bias = nullptr;
 
-  if (a.k == 0) {  // C = beta * C, then the epilogue
-    dispatch_float(a.dtype, "gemm",
+  if (a.k == 0) {  // C = beta * C, then the epilogue (with an f32 C there is none)
+    dispatch_float(c_dtype, "gemm",
                    [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, true, stream); });
     return;
   }
@@ -591,6 +599,8 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
 
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream) {
   validate(args, "cublas_reference_gemm");
+  BT_CHECK(gemm_c_dtype(args, "cuda cublas_reference_gemm") == args.dtype,
+           "cuda cublas_reference_gemm: a C of another dtype than A and B (c_dtype) is not supported");
   BT_CHECK(args.epilogue == Epilogue::None, "cuda cublas_reference_gemm: epilogues are not supported");
   const GemmArgs& a = args;
   if (a.batch == 0 || a.m == 0 || a.n == 0) return;

@@ -4,6 +4,8 @@
 // SGEMM and far closer than one TF32 product, and rounding as cvt.rna does.
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -40,8 +42,12 @@ std::string describe(DType dt, const Case& c) {
                  " pad=", c.pad);
 }
 
-void run_case(DType dt, const Case& c, uint32_t seed, GemmMath math = GemmMath::Strict) {
-  SCOPED_TRACE(describe(dt, c) + " math=" + std::to_string(static_cast<int>(math)));
+/// `c_dt`: the dtype of C when it differs from the operands' (GemmArgs::c_dtype).
+void run_case(DType dt, const Case& c, uint32_t seed, GemmMath math = GemmMath::Strict,
+              std::optional<DType> c_dt = std::nullopt) {
+  SCOPED_TRACE(describe(dt, c) + " math=" + std::to_string(static_cast<int>(math)) +
+               (c_dt ? bt::cat(" c_dtype=", *c_dt) : std::string()));
+  const DType cdt = c_dt.value_or(dt);
   const int64_t ar = c.ta ? c.k : c.m, ac = c.ta ? c.m : c.k;  // stored shape of A
   const int64_t br = c.tb ? c.n : c.k, bc = c.tb ? c.k : c.n;
   GemmArgs g;
@@ -58,9 +64,10 @@ void run_case(DType dt, const Case& c, uint32_t seed, GemmMath math = GemmMath::
   g.stride_c = c.m * g.ldc + 2;
   g.epilogue = c.epi;
   g.math = math;
+  g.c_dtype = c_dt;
   const int64_t na = std::max<int64_t>(c.batch * g.stride_a, 1),
                 nb = std::max<int64_t>(c.batch * g.stride_b + br * g.ldb, 1), nc = c.batch * g.stride_c;
-  Buf A = rand_buf(dt, na, seed), B = rand_buf(dt, nb, seed + 1), C = rand_buf(dt, nc, seed + 2),
+  Buf A = rand_buf(dt, na, seed), B = rand_buf(dt, nb, seed + 1), C = rand_buf(cdt, nc, seed + 2),
       bias = rand_buf(dt, c.n, seed + 3), pre(dt, nc);
   if (c.beta == 0.0f)  // C must not be read when beta == 0: poison it
     for (int64_t i = 0; i < nc; ++i) C.set(i, std::numeric_limits<double>::quiet_NaN());
@@ -89,7 +96,7 @@ void run_case(DType dt, const Case& c, uint32_t seed, GemmMath math = GemmMath::
         ref.push_back(v);
         got.push_back(C.get(ci));
       }
-  EXPECT_LT(rel_err(got, ref), tol(dt));
+  EXPECT_LT(rel_err(got, ref), tol(cdt));  // an f32 C of bf16 operands: f32's tolerance
   if (gelu && c.with_pre) {
     EXPECT_LT(rel_err(got_pre, ref_pre), tol(dt));
   }
@@ -143,6 +150,28 @@ TEST(GemmCpu, Epilogues) {
     }
 }
 
+// BF16 A and B into an F32 C, written (beta = 0) or accumulated into (beta =
+// 1, as a gradient adds into a leaf's f32 .grad). The reference is exact on
+// the bf16 values, so the f32 tolerance holds: a result rounded through bf16
+// (relative error ~2^-9) fails it.
+TEST(GemmCpu, Bf16OperandsIntoF32) {
+  uint32_t seed = 3000;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        run_case(DType::BF16, Case{17, 33, 64, ta, tb, 1, 1.0f, beta}, seed += 4, GemmMath::Strict,
+                 DType::F32);
+        run_case(DType::BF16, Case{9, 11, 13, ta, tb, 3, 0.5f, beta, Epilogue::None, 2}, seed += 4,
+                 GemmMath::Strict, DType::F32);
+      }
+  run_case(DType::BF16, Case{5, 7, 0, false, false, 2, 1.0f, 1.0f}, seed += 4, GemmMath::Strict,
+           DType::F32);  // k = 0: C = C
+  run_case(DType::BF16, Case{5, 7, 0, false, false, 1, 1.0f, 0.0f}, seed += 4, GemmMath::Strict,
+           DType::F32);  // k = 0: zeros
+  run_case(DType::F32, Case{5, 7, 3, false, false}, seed += 4, GemmMath::Strict,
+           DType::F32);  // c_dtype == dtype: as unset
+}
+
 TEST(GemmCpu, Errors) {
   std::vector<float> buf(64, 1.0f);
   GemmArgs g;
@@ -165,6 +194,20 @@ TEST(GemmCpu, Errors) {
   g.epilogue = Epilogue::BiasGelu;
   g.bias = nullptr;
   expect_error([&] { cpu::gemm(g); }, "bias");
+  // Mixed dtypes: only bf16 A and B into an f32 C, with no epilogue.
+  g.bias = buf.data();
+  g.dtype = DType::BF16;
+  g.c_dtype = DType::F32;
+  expect_error([&] { cpu::gemm(g); }, "gemm: a bf16 GEMM into an f32 C takes no epilogue");
+  g.epilogue = Epilogue::Bias;
+  g.beta = 0.0f;
+  expect_error([&] { cpu::gemm(g); }, "takes no epilogue");
+  g.epilogue = Epilogue::None;
+  g.dtype = DType::F32;
+  g.c_dtype = DType::F64;
+  expect_error([&] { cpu::gemm(g); }, "gemm: a C of dtype f64 with f32 A and B is not supported");
+  g.c_dtype = DType::BF16;  // narrower: not supported either
+  expect_error([&] { cpu::gemm(g); }, "not supported");
 }
 
 }  // namespace

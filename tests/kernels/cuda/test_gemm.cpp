@@ -1,7 +1,8 @@
 // GPU GEMM (cuBLASLt) against the CPU GEMM: transposes, leading-dimension
 // padding, alpha/beta, batches (including a broadcast B), and the bias / GELU /
 // bias+GELU epilogues with the pre-GELU aux output; f32, f32+tf32, f32 as
-// 3xTF32 and bf16. The f32+tf32 tolerance is derived (Note [TF32 tolerance]),
+// 3xTF32 and bf16; bf16 operands into an f32 C (GemmArgs::c_dtype), written
+// and accumulated. The f32+tf32 tolerance is derived (Note [TF32 tolerance]),
 // and a host test shows that it rejects a GEMM on bf16-rounded inputs. 3xTF32
 // (Note [3xTF32] in kernels/gemm.h) also runs in pieces that a smaller scratch
 // forces (their choice is checked on the host), is checked against float64,
@@ -258,6 +259,44 @@ TEST(CudaGemm, MatchesCpu) {
     for (const Case& c : cases()) run_case(p, c, gen);
 }
 
+// BF16 A and B into an F32 C (GemmArgs::c_dtype), written (beta = 0) and
+// accumulated (beta = 1), against the CPU's. The products of bf16 values are
+// exact in f32, so the two differ only in the order of the f32 sums: f32's
+// tolerance, which a C rounded to bf16 (relative error ~2^-9) fails.
+TEST(CudaGemm, Bf16OperandsIntoF32MatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const Precision bf16 = kPrecisions[2];
+  ASSERT_EQ(bf16.dt, DType::BF16);
+  std::vector<Case> cs;
+  for (float beta : {0.0f, 1.0f})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        cs.push_back({129, 65, 96, ta, tb, 1, 1.0f, beta});
+        cs.push_back({17, 9, 13, ta, tb, 3, 0.5f, beta, Epilogue::None, 3});
+      }
+  cs.push_back({768, 256, 512, true, false, 1, 1.0f, 1.0f});  // a weight gradient: x^T dy, accumulated
+  cs.push_back({5, 7, 0, false, false, 1, 1.0f, 1.0f});       // k = 0: C = C
+  cs.push_back({5, 7, 0, false, false, 2, 1.0f, 0.0f});       // k = 0: zeros
+  for (const Case& c : cs) {
+    SCOPED_TRACE(describe(bf16, c) + " c_dtype=f32");
+    Problem pr = make_problem(bf16, c, gen);
+    pr.g.c_dtype = DType::F32;
+    pr.C0 = random_buf(DType::F32, pr.nc, gen);
+    HostBuf C_ref = pr.C0;
+    GemmArgs gc = pr.g;
+    gc.a = pr.A.data(), gc.b = pr.B.data(), gc.c = C_ref.data();
+    cpu::gemm(gc);
+    DevBuf A(pr.A), B(pr.B), C(pr.C0);
+    if (c.beta == 0.0f) C.poison();
+    GemmArgs gg = pr.g;
+    gg.a = A.get(), gg.b = B.get(), gg.c = C.get();
+    cuda::gemm(gg, nullptr);
+    BT_EXPECT_REL(results(pr, C.to_host(DType::F32, pr.nc)), results(pr, C_ref), 1e-5, "C");
+  }
+}
+
 /// x with its fp32 mantissa cut to `bits` stored bits: rounded to nearest
 /// (ties to even) or truncated. For finite x.
 float round_mantissa(float x, int bits, bool nearest) {
@@ -406,6 +445,16 @@ TEST(CudaGemm, RejectsBadArguments) {
   g.bias = d.get();
   g.beta = 1.0f;
   EXPECT_THROW(cuda::gemm(g, nullptr), bt::Error);  // Bias needs beta == 0
+  g.beta = 0.0f;
+  g.dtype = DType::BF16;
+  g.c_dtype = DType::F32;
+  EXPECT_THROW(cuda::gemm(g, nullptr), bt::Error);  // no epilogue into an f32 C
+  g.epilogue = Epilogue::None;
+  EXPECT_THROW(cuda::cublas_reference_gemm(g, nullptr), bt::Error);  // the reference has no c_dtype
+  g.dtype = DType::F32;
+  g.c_dtype = DType::BF16;
+  EXPECT_THROW(cuda::gemm(g, nullptr), bt::Error);  // only bf16 into f32
+  g.c_dtype.reset();
   g.epilogue = Epilogue::None;
   g.math = GemmMath::Tf32x3;
   try {
