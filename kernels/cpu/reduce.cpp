@@ -47,8 +47,9 @@ inline bool better(A v, A best) {
   return v > best || (v != v && best == best);
 }
 
-template <class T>
-void reduce_impl(ReduceOp op, const T* in, T* out, int64_t outer, int64_t dim, int64_t inner,
+/// O: the output's storage type, T's or (BF16 input) float.
+template <class T, class O>
+void reduce_impl(ReduceOp op, const T* in, O* out, int64_t outer, int64_t dim, int64_t inner,
                  int64_t* argmax) {
   using A = acc_t<T>;
   if (inner == 1) {  // rows in parallel
@@ -104,10 +105,8 @@ void reduce_impl(ReduceOp op, const T* in, T* out, int64_t outer, int64_t dim, i
   });
 }
 
-}  // namespace
-
-void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
-                int64_t* argmax) {
+void reduce_any(ReduceOp op, DType dt, DType out_dt, const void* in, void* out, int64_t outer, int64_t dim,
+                int64_t inner, int64_t* argmax) {
   detail::check_count("reduce_dim", "outer", outer);
   detail::check_count("reduce_dim", "dim", dim);
   detail::check_count("reduce_dim", "inner", inner);
@@ -115,9 +114,25 @@ void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer,
            static_cast<int>(op));
   BT_CHECK(op != ReduceOp::Max || dim > 0 || outer * inner == 0,
            "reduce_dim: max over an empty dimension is undefined");
+  if (reduce_widens(op, dt, out_dt, "reduce_dim")) {
+    reduce_impl(op, static_cast<const bf16*>(in), static_cast<float*>(out), outer, dim, inner, nullptr);
+    return;
+  }
   detail::dispatch_float(dt, "reduce_dim", [&]<class T>(std::type_identity<T>) {
     reduce_impl(op, static_cast<const T*>(in), static_cast<T*>(out), outer, dim, inner, argmax);
   });
+}
+
+}  // namespace
+
+void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
+                int64_t* argmax) {
+  reduce_any(op, dt, dt, in, out, outer, dim, inner, argmax);
+}
+
+void reduce_dim(ReduceOp op, DType dt, DType out_dt, const void* in, void* out, int64_t outer, int64_t dim,
+                int64_t inner) {
+  reduce_any(op, dt, out_dt, in, out, outer, dim, inner, nullptr);
 }
 
 }  // namespace bt::kernels::cpu

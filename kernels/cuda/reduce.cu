@@ -8,6 +8,7 @@
 // float partial per (output, chunk), pass 2 adds each output's S partials in
 // chunk order. The result is deterministic and independent of the device.
 // Max propagates NaN; argmax is the index of the first maximum (first NaN if any).
+// Every kernel reads T and writes O: T, or float for a BF16 Sum/Mean into F32.
 #include <algorithm>
 #include <climits>
 
@@ -51,8 +52,8 @@ __device__ __forceinline__ MaxState warp_max_state(MaxState s) {
   return s;
 }
 
-template <typename T, ReduceOp kOp>
-__device__ __forceinline__ void write_result(T* out, int64_t* argmax, int64_t o, float sum, MaxState ms,
+template <typename O, ReduceOp kOp>
+__device__ __forceinline__ void write_result(O* out, int64_t* argmax, int64_t o, float sum, MaxState ms,
                                              int64_t dim) {
   if constexpr (kOp == ReduceOp::Max) {
     stf(out + o, ms.v);
@@ -65,8 +66,8 @@ __device__ __forceinline__ void write_result(T* out, int64_t* argmax, int64_t o,
 }
 
 /// inner == 1, one warp per output row; blockDim = 256 (8 rows per block).
-template <typename T, ReduceOp kOp>
-__global__ void reduce_rows_warp_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t rows,
+template <typename T, typename O, ReduceOp kOp>
+__global__ void reduce_rows_warp_kernel(const T* __restrict__ in, O* __restrict__ out, int64_t rows,
                                         int64_t dim, int64_t* __restrict__ argmax) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -86,12 +87,12 @@ __global__ void reduce_rows_warp_kernel(const T* __restrict__ in, T* __restrict_
     ms = warp_max_state(ms);
   else
     sum = warp_sum(sum);
-  if (lane == 0) write_result<T, kOp>(out, argmax, row, sum, ms, dim);
+  if (lane == 0) write_result<O, kOp>(out, argmax, row, sum, ms, dim);
 }
 
 /// inner == 1, one block per output row (long rows).
-template <typename T, ReduceOp kOp>
-__global__ void reduce_rows_block_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t dim,
+template <typename T, typename O, ReduceOp kOp>
+__global__ void reduce_rows_block_kernel(const T* __restrict__ in, O* __restrict__ out, int64_t dim,
                                          int64_t* __restrict__ argmax) {
   __shared__ float sv[33];
   __shared__ int64_t si[32];
@@ -118,17 +119,17 @@ __global__ void reduce_rows_block_kernel(const T* __restrict__ in, T* __restrict
     if (warp == 0) {
       MaxState t = lane < nwarps ? MaxState{sv[lane], si[lane]} : MaxState{-INFINITY, LLONG_MAX};
       t = warp_max_state(t);
-      if (lane == 0) write_result<T, kOp>(out, argmax, row, 0.0f, t, dim);
+      if (lane == 0) write_result<O, kOp>(out, argmax, row, 0.0f, t, dim);
     }
   } else {
     sum = block_sum(sum, sv);
-    if (threadIdx.x == 0) write_result<T, kOp>(out, argmax, row, sum, ms, dim);
+    if (threadIdx.x == 0) write_result<O, kOp>(out, argmax, row, sum, ms, dim);
   }
 }
 
 /// inner > 1: block (32, 8) covers outputs [o, it*32 .. it*32+31].
-template <typename T, ReduceOp kOp>
-__global__ void reduce_inner_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t outer, int64_t dim,
+template <typename T, typename O, ReduceOp kOp>
+__global__ void reduce_inner_kernel(const T* __restrict__ in, O* __restrict__ out, int64_t outer, int64_t dim,
                                     int64_t inner, int64_t inner_tiles, int64_t* __restrict__ argmax) {
   __shared__ float sv[8][33];
   __shared__ int64_t si[8][33];
@@ -161,7 +162,7 @@ __global__ void reduce_inner_kernel(const T* __restrict__ in, T* __restrict__ ou
       else
         s += sv[y][threadIdx.x];
     }
-    write_result<T, kOp>(out, argmax, o * inner + col, s, m, dim);
+    write_result<O, kOp>(out, argmax, o * inner + col, s, m, dim);
   }
 }
 
@@ -206,8 +207,8 @@ __global__ void reduce_split_kernel(const T* __restrict__ in, float* __restrict_
 }
 
 /// Split pass 2: out[i] = sum over chunks c (in order) of partial[c * n + i].
-template <typename T, ReduceOp kOp>
-__global__ void reduce_partials_kernel(const float* __restrict__ partial, T* __restrict__ out, int64_t n,
+template <typename O, ReduceOp kOp>
+__global__ void reduce_partials_kernel(const float* __restrict__ partial, O* __restrict__ out, int64_t n,
                                        int64_t chunks, int64_t dim) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -226,8 +227,8 @@ int64_t split_chunks(int64_t outer, int64_t dim, int64_t inner) {
   return std::min(ceil_div(kSplitBlocks, blocks), ceil_div(dim, kMinChunk));
 }
 
-template <typename T, ReduceOp kOp>
-void launch_split(const T* in, T* out, int64_t outer, int64_t dim, int64_t inner, int64_t chunks,
+template <typename T, typename O, ReduceOp kOp>
+void launch_split(const T* in, O* out, int64_t outer, int64_t dim, int64_t inner, int64_t chunks,
                   float* scratch, cudaStream_t stream) {
   const int64_t chunk = ceil_div(dim, chunks);
   const int64_t tiles = inner == 1 ? 1 : ceil_div(inner, 32);
@@ -237,33 +238,69 @@ void launch_split(const T* in, T* out, int64_t outer, int64_t dim, int64_t inner
           in, scratch, outer, dim, inner, tiles, chunk);
   BT_KERNEL_CHECK();
   const int64_t n = outer * inner;
-  reduce_partials_kernel<T, kOp>
+  reduce_partials_kernel<O, kOp>
       <<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(scratch, out, n, chunks, dim);
   BT_KERNEL_CHECK();
 }
 
-template <typename T, ReduceOp kOp>
-void launch_reduce(const T* in, T* out, int64_t outer, int64_t dim, int64_t inner, int64_t* argmax,
+template <typename T, typename O, ReduceOp kOp>
+void launch_reduce(const T* in, O* out, int64_t outer, int64_t dim, int64_t inner, int64_t* argmax,
                    cudaStream_t stream) {
   if (inner == 1) {
     if (dim <= 2048) {
       const int64_t blocks = ceil_div(outer, 8);
       BT_CHECK(blocks < INT_MAX, "cuda reduce_dim: too many rows (", outer, ")");
-      reduce_rows_warp_kernel<T, kOp>
+      reduce_rows_warp_kernel<T, O, kOp>
           <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, out, outer, dim, argmax);
     } else {
       BT_CHECK(outer < INT_MAX, "cuda reduce_dim: too many rows (", outer, ")");
-      reduce_rows_block_kernel<T, kOp>
+      reduce_rows_block_kernel<T, O, kOp>
           <<<static_cast<unsigned>(outer), 512, 0, stream>>>(in, out, dim, argmax);
     }
   } else {
     const int64_t tiles = ceil_div(inner, 32);
     const int64_t blocks = tiles * outer;
     BT_CHECK(blocks < INT_MAX, "cuda reduce_dim: too many outputs (", outer, " x ", inner, ")");
-    reduce_inner_kernel<T, kOp><<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(
+    reduce_inner_kernel<T, O, kOp><<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(
         in, out, outer, dim, inner, tiles, argmax);
   }
   BT_KERNEL_CHECK();
+}
+
+void check_reduce(ReduceOp op, int64_t outer, int64_t dim, int64_t inner) {
+  BT_CHECK(outer >= 0 && dim >= 0 && inner >= 0, "cuda reduce_dim: negative size (outer ", outer, ", dim ",
+           dim, ", inner ", inner, ")");
+  BT_CHECK(!(op == ReduceOp::Max && dim == 0 && outer * inner > 0),
+           "cuda reduce_dim: max over an empty dimension has no value");
+}
+
+/// Reads T, writes O (T, or float for a bf16 sum into f32).
+template <typename T, typename O>
+void run_reduce(ReduceOp op, const T* pin, O* pout, int64_t outer, int64_t dim, int64_t inner,
+                int64_t* argmax, float* scratch, cudaStream_t stream) {
+  if (outer == 0 || inner == 0) return;
+  BT_CHECK(pout != nullptr && (pin != nullptr || dim == 0), "cuda reduce_dim: null buffer");
+  if (scratch != nullptr && op != ReduceOp::Max) {
+    if (const int64_t chunks = split_chunks(outer, dim, inner); chunks > 1) {
+      if (op == ReduceOp::Sum)
+        launch_split<T, O, ReduceOp::Sum>(pin, pout, outer, dim, inner, chunks, scratch, stream);
+      else
+        launch_split<T, O, ReduceOp::Mean>(pin, pout, outer, dim, inner, chunks, scratch, stream);
+      return;
+    }
+  }
+  switch (op) {
+    case ReduceOp::Sum:
+      launch_reduce<T, O, ReduceOp::Sum>(pin, pout, outer, dim, inner, nullptr, stream);
+      return;
+    case ReduceOp::Mean:
+      launch_reduce<T, O, ReduceOp::Mean>(pin, pout, outer, dim, inner, nullptr, stream);
+      return;
+    case ReduceOp::Max:
+      launch_reduce<T, O, ReduceOp::Max>(pin, pout, outer, dim, inner, argmax, stream);
+      return;
+  }
+  BT_FAIL("cuda reduce_dim: unknown op ", static_cast<int>(op));
 }
 
 }  // namespace
@@ -281,38 +318,23 @@ void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer,
 
 void reduce_dim(ReduceOp op, DType dt, const void* in, void* out, int64_t outer, int64_t dim, int64_t inner,
                 int64_t* argmax, float* scratch, cudaStream_t stream) {
-  BT_CHECK(outer >= 0 && dim >= 0 && inner >= 0, "cuda reduce_dim: negative size (outer ", outer, ", dim ",
-           dim, ", inner ", inner, ")");
-  BT_CHECK(!(op == ReduceOp::Max && dim == 0 && outer * inner > 0),
-           "cuda reduce_dim: max over an empty dimension has no value");
+  check_reduce(op, outer, dim, inner);
   dispatch_float(dt, "reduce_dim", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (outer == 0 || inner == 0) return;
-    BT_CHECK(out != nullptr && (in != nullptr || dim == 0), "cuda reduce_dim: null buffer");
-    const T* pin = static_cast<const T*>(in);
-    T* pout = static_cast<T*>(out);
-    if (scratch != nullptr && op != ReduceOp::Max) {
-      if (const int64_t chunks = split_chunks(outer, dim, inner); chunks > 1) {
-        if (op == ReduceOp::Sum)
-          launch_split<T, ReduceOp::Sum>(pin, pout, outer, dim, inner, chunks, scratch, stream);
-        else
-          launch_split<T, ReduceOp::Mean>(pin, pout, outer, dim, inner, chunks, scratch, stream);
-        return;
-      }
-    }
-    switch (op) {
-      case ReduceOp::Sum:
-        launch_reduce<T, ReduceOp::Sum>(pin, pout, outer, dim, inner, nullptr, stream);
-        return;
-      case ReduceOp::Mean:
-        launch_reduce<T, ReduceOp::Mean>(pin, pout, outer, dim, inner, nullptr, stream);
-        return;
-      case ReduceOp::Max:
-        launch_reduce<T, ReduceOp::Max>(pin, pout, outer, dim, inner, argmax, stream);
-        return;
-    }
-    BT_FAIL("cuda reduce_dim: unknown op ", static_cast<int>(op));
+    run_reduce(op, static_cast<const T*>(in), static_cast<T*>(out), outer, dim, inner, argmax, scratch,
+               stream);
   });
+}
+
+void reduce_dim(ReduceOp op, DType dt, DType out_dt, const void* in, void* out, int64_t outer, int64_t dim,
+                int64_t inner, float* scratch, cudaStream_t stream) {
+  if (!reduce_widens(op, dt, out_dt, "cuda reduce_dim")) {
+    reduce_dim(op, dt, in, out, outer, dim, inner, nullptr, scratch, stream);
+    return;
+  }
+  check_reduce(op, outer, dim, inner);
+  run_reduce(op, static_cast<const bf16_t*>(in), static_cast<float*>(out), outer, dim, inner, nullptr,
+             scratch, stream);
 }
 
 }  // namespace bt::kernels::cuda

@@ -1,6 +1,7 @@
 // reduce_dim (Sum, Mean, Max + argmax) over [outer, dim, inner] layouts.
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -19,16 +20,26 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 1},    {1, 17, 1}, {3, 33, 1},   {2, 5, 3}, {4, 1, 7},
                          {1, 1000, 1}, {5, 3, 17}, {2, 100, 33}, {17, 8, 1}};
 
+// Against double sums of the stored values, at the output dtype's tolerance:
+// for a bf16 input summed into an f32 output (a bias gradient for an f32
+// master), f32's, which an output rounded to bf16 fails.
 TEST(ReduceCpu, SumAndMean) {
+  const std::pair<DType, DType> dtypes[] = {{DType::F32, DType::F32},
+                                            {DType::F64, DType::F64},
+                                            {DType::BF16, DType::BF16},
+                                            {DType::BF16, DType::F32}};
   uint32_t seed = 1;
-  for (DType dt : kFloatTypes)
+  for (const auto& [dt, out_dt] : dtypes)
     for (const Shape& s : kShapes)
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean}) {
         // Offset away from zero so no output is a cancellation-dominated sum.
         std::vector<double> v = randn(s.outer * s.dim * s.inner, seed++);
         for (auto& x : v) x += 1.0;
-        Buf in(dt, v), out(dt, s.outer * s.inner);
-        cpu::reduce_dim(op, dt, in.data(), out.data(), s.outer, s.dim, s.inner, nullptr);
+        Buf in(dt, v), out(out_dt, s.outer * s.inner);
+        if (out_dt == dt)
+          cpu::reduce_dim(op, dt, in.data(), out.data(), s.outer, s.dim, s.inner, nullptr);
+        else
+          cpu::reduce_dim(op, dt, out_dt, in.data(), out.data(), s.outer, s.dim, s.inner);
         const std::vector<double> x = in.vals();
         std::vector<double> ref(s.outer * s.inner, 0.0);
         for (int64_t o = 0; o < s.outer; ++o)
@@ -37,9 +48,18 @@ TEST(ReduceCpu, SumAndMean) {
             for (int64_t d = 0; d < s.dim; ++d) acc += x[(o * s.dim + d) * s.inner + i];
             ref[o * s.inner + i] = op == ReduceOp::Mean ? acc / s.dim : acc;
           }
-        EXPECT_LT(rel_err(out.vals(), ref), tol(dt)) << name_of(dt) << " [" << s.outer << "," << s.dim << ","
-                                                     << s.inner << "] op " << static_cast<int>(op);
+        EXPECT_LT(rel_err(out.vals(), ref), tol(out_dt))
+            << name_of(dt) << " into " << name_of(out_dt) << " [" << s.outer << "," << s.dim << "," << s.inner
+            << "] op " << static_cast<int>(op);
       }
+}
+
+TEST(ReduceCpu, TheInputsDtypeAsOutputIsThePlainReduction) {
+  // The same dtype on both sides is the plain reduction.
+  Buf in(DType::F32, randn(12, 7)), a(DType::F32, 3), b(DType::F32, 3);
+  cpu::reduce_dim(ReduceOp::Sum, DType::F32, DType::F32, in.data(), a.data(), 1, 4, 3);
+  cpu::reduce_dim(ReduceOp::Sum, DType::F32, in.data(), b.data(), 1, 4, 3, nullptr);
+  EXPECT_EQ(a.bytes, b.bytes);
 }
 
 TEST(ReduceCpu, MaxAndArgmax) {
@@ -100,6 +120,16 @@ TEST(ReduceCpu, EmptyAndErrors) {
   expect_error([&] { cpu::reduce_dim(ReduceOp::Max, DType::F32, buf.data(), buf.data(), 1, 0, 1, nullptr); },
                "empty");
   EXPECT_THROW(cpu::reduce_dim(ReduceOp::Sum, DType::F32, buf.data(), buf.data(), -1, 4, 1, nullptr), Error);
+  // Another output dtype: only bf16 summed or averaged into f32.
+  expect_error(
+      [&] { cpu::reduce_dim(ReduceOp::Max, DType::BF16, DType::F32, buf.data(), out.data(), 1, 4, 1); },
+      "reduce_dim: max keeps the input's dtype");
+  expect_error(
+      [&] { cpu::reduce_dim(ReduceOp::Sum, DType::F32, DType::BF16, buf.data(), buf.data(), 1, 4, 1); },
+      "reduce_dim: a f32 input cannot be reduced into a bf16 output");
+  expect_error(
+      [&] { cpu::reduce_dim(ReduceOp::Sum, DType::F64, DType::F32, buf.data(), buf.data(), 1, 2, 1); },
+      "only bf16 into f32");
 }
 
 }  // namespace

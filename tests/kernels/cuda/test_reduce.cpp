@@ -1,4 +1,5 @@
 // GPU reduce_dim (sum, mean, max + argmax) against the CPU kernel.
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -83,6 +84,49 @@ TEST(CudaReduce, SplitPassMatchesCpuAndRepeats) {
   }
   EXPECT_EQ(cuda::reduce_dim_scratch_floats(ReduceOp::Sum, 4096, 768, 1), 0u) << "wide grids need no split";
   EXPECT_EQ(cuda::reduce_dim_scratch_floats(ReduceOp::Max, 1, 1 << 24, 1), 0u);
+}
+
+// A bf16 input summed into an f32 output (a bias gradient for an f32 master),
+// one pass and split, against the CPU's at f32's tolerance (an output rounded
+// to bf16 fails it), and the split bitwise repeatable.
+TEST(CudaReduce, Bf16IntoF32MatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const Shape shapes[] = {{7, 31, 1},      {2, 3000, 1},   {4, 129, 33},
+                          {1, 16384, 768}, {1, 20001, 37}, {3, 9000, 64}};
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean}) {
+    for (const Shape& s : shapes) {
+      for (bool split : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "op " << static_cast<int>(op) << " [" << s.outer << ", " << s.dim
+                                          << ", " << s.inner << "] split " << split);
+        const size_t nscratch = split ? cuda::reduce_dim_scratch_floats(op, s.outer, s.dim, s.inner) : 0;
+        if (split && nscratch == 0) continue;
+        const int64_t n_in = s.outer * s.dim * s.inner, n_out = s.outer * s.inner;
+        const HostBuf in = random_buf(DType::BF16, n_in, gen, 0.5, 1.5);
+        HostBuf ref(DType::F32, n_out);
+        cpu::reduce_dim(op, DType::BF16, DType::F32, in.data(), ref.data(), s.outer, s.dim, s.inner);
+        DevBuf din(in), dout(ref.size_bytes()), scratch(std::max<size_t>(nscratch, 1) * sizeof(float));
+        float* sp = split ? scratch.as<float>() : nullptr;
+        dout.poison();
+        cuda::reduce_dim(op, DType::BF16, DType::F32, din.get(), dout.get(), s.outer, s.dim, s.inner, sp,
+                         nullptr);
+        const auto first = dout.to_host(DType::F32, n_out).vals();
+        BT_EXPECT_REL(first, ref.vals(), 1e-5, "bf16 into f32");
+        dout.poison();
+        cuda::reduce_dim(op, DType::BF16, DType::F32, din.get(), dout.get(), s.outer, s.dim, s.inner, sp,
+                         nullptr);
+        EXPECT_EQ(dout.to_host(DType::F32, n_out).vals(), first) << "two runs differ";
+      }
+    }
+  }
+  DevBuf d(64);
+  EXPECT_THROW(
+      cuda::reduce_dim(ReduceOp::Max, DType::BF16, DType::F32, d.get(), d.get(), 1, 4, 1, nullptr, nullptr),
+      bt::Error);
+  EXPECT_THROW(
+      cuda::reduce_dim(ReduceOp::Sum, DType::F32, DType::BF16, d.get(), d.get(), 1, 4, 1, nullptr, nullptr),
+      bt::Error);
 }
 
 TEST(CudaReduce, MaxPropagatesNanAndTiesTakeFirstIndex) {
