@@ -43,7 +43,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // GEMM, reduction or cast output). Later accumulations add into it in
     // place, which would otherwise write into memory another tensor, a saved
     // activation or a view, still reads. Anything shared gets a fresh buffer;
-    // casts and contiguous() of a non-contiguous view already produce one.
+    // casts and contiguous() of a non-contiguous view already produce one. A
+    // gradient in another dtype than the leaf's (Note [Gradients in a wider
+    // dtype]) is cast once here, and added in the leaf's dtype later.
     if (g.dtype() != leaf_.dtype())
       m.grad = g.to(leaf_.dtype());
     else if (sole_owner(g, leaf_.shape()))
@@ -94,6 +96,8 @@ void set_history(const Tensor& out, const std::shared_ptr<Node>& fn, uint32_t ou
   AutogradMeta& m = meta(out);
   m.grad_fn = fn;
   m.output_nr = output_nr;
+  if (fn->output_dtypes.size() <= output_nr) fn->output_dtypes.resize(output_nr + 1, out.dtype());
+  fn->output_dtypes[output_nr] = out.dtype();
 }
 
 }  // namespace autograd

@@ -15,10 +15,48 @@ struct Later {
   bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
 };
 
+// Note [Gradients in a wider dtype]
+// A backward function may return the gradient of a floating input in a wider
+// floating dtype than the input's. LinearBackward does for bf16 operands: its
+// GEMMs write the weight and bias gradients in f32 (kernels/gemm.h c_dtype),
+// since under Precision::BF16 every bf16 weight is a recorded cast of an f32
+// master, whose gradient is wanted in f32 -- the gradient is rounded once, not
+// to bf16 and again, and no cast pass or bf16 buffer is spent on it.
+//   The engine keeps the rule local: two gradients of one tensor that arrive
+// in different dtypes are added in the wider one (f64 > f32 > bf16, f16;
+// bf16 with f16 in f32), and before a node runs, each gradient of an output
+// is cast to that output's dtype -- so backward functions written for one
+// dtype always see it -- unless the node takes any dtype (Node::any_grad_dtype):
+// the casts, whose backward g.to(src) is then a no-op when the gradient
+// already has the source's dtype (ToDTypeBackward, Zero3WeightBackward), and
+// AccumulateGrad, which casts to the leaf's dtype at most once and otherwise
+// keeps the buffer (Note [Stealing the gradient]). So a bf16 weight cast from
+// an f32 master costs no backward pass at all, and the tied embedding of GPT,
+// whose bf16 copy gets the head's f32 gradient and the embedding's bf16 one,
+// sums the two in f32 in the engine's fixed node order: deterministic.
+DType wider(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::F64 || b == DType::F64) return DType::F64;
+  return DType::F32;
+}
+
 void accumulate(std::vector<Tensor>& buf, uint32_t slot, Tensor g) {
   if (!g.defined()) return;
   if (buf.size() <= slot) buf.resize(slot + 1);
-  buf[slot] = buf[slot].defined() ? add(buf[slot], g) : std::move(g);
+  Tensor& acc = buf[slot];
+  if (!acc.defined()) {
+    acc = std::move(g);
+  } else {
+    const DType dt = wider(acc.dtype(), g.dtype());  // Note [Gradients in a wider dtype]
+    acc = add(acc.to(dt), g.to(dt));
+  }
+}
+
+/// Note [Gradients in a wider dtype]: the gradients `n` gets, in its outputs' dtypes.
+void cast_to_outputs(const Node& n, std::vector<Tensor>& in) {
+  if (n.any_grad_dtype) return;
+  for (size_t i = 0; i < in.size() && i < n.output_dtypes.size(); ++i)
+    if (in[i].defined() && in[i].dtype() != n.output_dtypes[i]) in[i] = in[i].to(n.output_dtypes[i]);
 }
 
 thread_local bool t_retain = false;
@@ -80,6 +118,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     std::vector<Tensor> out;
     {
       ProfileScope prof(n->name());
+      cast_to_outputs(*n, in);
       out = n->apply(std::move(in));
     }
     BT_ASSERT(out.size() == n->next_edges.size() || out.empty(), n->name(), " returned ", out.size(),

@@ -14,13 +14,14 @@ std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grads) {
   return out;
 }
 
-void record(const char* name, std::initializer_list<const Tensor*> inputs,
-            std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward) {
+Node& record(const char* name, std::initializer_list<const Tensor*> inputs,
+             std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward) {
   auto node = std::make_shared<LambdaNode>(name, std::move(backward));
   for (const Tensor* t : inputs) node->next_edges.push_back(t && t->defined() ? edge_of(*t) : Edge{});
   node->num_outputs = static_cast<uint32_t>(outputs.size());
   uint32_t i = 0;
   for (const Tensor& o : outputs) set_history(o, node, i++);
+  return *node;
 }
 
 }  // namespace bt::autograd

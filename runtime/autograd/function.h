@@ -35,12 +35,13 @@ class LambdaNode : public Node {
 };
 
 /// Connects `outputs` to a new LambdaNode over `inputs` (call only when
-/// any_requires_grad(inputs) is true).
-void record(const char* name, std::initializer_list<const Tensor*> inputs,
-            std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward);
-inline void record(const char* name, std::initializer_list<const Tensor*> inputs, const Tensor& output,
-                   std::function<Grads(Grads&)> backward) {
-  record(name, inputs, {output}, std::move(backward));
+/// any_requires_grad(inputs) is true) and returns it, e.g. to set
+/// any_grad_dtype on a cast.
+Node& record(const char* name, std::initializer_list<const Tensor*> inputs,
+             std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward);
+inline Node& record(const char* name, std::initializer_list<const Tensor*> inputs, const Tensor& output,
+                    std::function<Grads(Grads&)> backward) {
+  return record(name, inputs, {output}, std::move(backward));
 }
 
 }  // namespace bt::autograd

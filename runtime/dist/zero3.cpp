@@ -154,10 +154,11 @@ Tensor Zero3Strategy::weight(const Tensor& param) {
     w = u.compute.narrow(0, m.offset, param.numel()).view(param.shape());
   }
   if (GradMode::enabled()) {
-    // The recorded cast of Note [ZeRO-3 units]: the gradient goes to the f32 leaf.
+    // The recorded cast of Note [ZeRO-3 units]: the gradient goes to the f32
+    // leaf, uncopied when it comes in f32 (Note [Gradients in a wider dtype]).
     autograd::record("Zero3WeightBackward", {&param}, w, [](autograd::Grads& g) -> autograd::Grads {
-      return {g[0].dtype() == DType::F32 ? g[0] : g[0].to(DType::F32)};
-    });
+      return {g[0].to(DType::F32)};
+    }).any_grad_dtype = true;
   }
   return w;
 }

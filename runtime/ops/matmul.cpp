@@ -1,5 +1,7 @@
 #include "runtime/ops/matmul.h"
 
+#include <optional>
+
 #include "kernels/gemm.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/recompute.h"
@@ -88,7 +90,8 @@ void run_gemm(kernels::GemmArgs& g, const Device& d) {
 
 constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
 
-Tensor matmul_raw(const Tensor& a, const Tensor& b) {
+/// `out`: C's dtype when not a's (f32 for bf16 operands, kernels/gemm.h c_dtype).
+Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out = std::nullopt) {
   detail::check_defined("matmul", a, "a");
   detail::check_defined("matmul", b, "b");
   detail::check_same_device("matmul", a, b);
@@ -108,13 +111,14 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
   Shape out_shape = batch;
   out_shape.push_back(M);
   out_shape.push_back(N);
-  Tensor y = empty(out_shape, a.options());
+  Tensor y = empty(out_shape, a.options().with_dtype(out.value_or(a.dtype())));
   const int64_t nbatch = shape_numel(batch);
   if (y.numel() == 0) return y;
   if (K == 0) return y.zero_();
 
   kernels::GemmArgs g;
   g.dtype = a.dtype();
+  g.c_dtype = out;
   g.m = M;
   g.n = N;
   g.k = K;
@@ -237,8 +241,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
           if (act == Activation::Gelu) gy = gelu_backward(spre.unpack(), gy);
           Tensor x2 = sx.unpack(), w = sw.unpack();
           Tensor gx = matmul_raw(gy, w).reshape(xs);
-          Tensor gw = matmul_raw(gy.t(), x2);
-          Tensor gb = has_bias ? sum(gy, {0}) : Tensor();
+          // Note [Gradients in a wider dtype]: bf16 weights are casts of f32
+          // masters, so their gradients are made in f32 by the GEMM and the sum.
+          const DType gdt = gy.dtype() == DType::BF16 ? DType::F32 : gy.dtype();
+          Tensor gw = matmul_raw(gy.t(), x2, gdt);
+          Tensor gb = has_bias ? sum(gy, {0}, false, gdt) : Tensor();
           return {gx, gw, gb};
         });
   return y;

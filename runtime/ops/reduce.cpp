@@ -1,6 +1,7 @@
 #include "runtime/ops/reduce.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "kernels/reduce.h"
 #include "kernels/scatter.h"
@@ -34,15 +35,16 @@ Split split_at(const Shape& s, int d) {
   return p;
 }
 
-/// Reduces one dim of x (keepdim shape). argmax (I64) is filled for Max when non-null.
-Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax) {
+/// Reduces one dim of x (keepdim shape) into dtype `out` (x's, or f32 for a
+/// bf16 Sum/Mean). argmax (I64) is filled for Max when non-null.
+Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax, DType out) {
   detail::check_dtype("reduce", x_in, "input", {DType::F32, DType::F64, DType::BF16});
   Tensor x = x_in.contiguous();
   const Split p = split_at(x.shape(), d);
   BT_CHECK(op != ReduceOp::Max || p.dim > 0, "max: cannot reduce an empty dimension (size 0)");
   Shape out_shape = x.shape();
   out_shape[d] = 1;
-  Tensor y = empty(out_shape, x.options());
+  Tensor y = empty(out_shape, x.options().with_dtype(out));
   int64_t* am = nullptr;
   if (argmax) {
     *argmax = empty(out_shape, TensorOptions{DType::I64, x.device()});
@@ -51,14 +53,22 @@ Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax) {
   detail::on_device(
       x.device(),
       [&] {
-        kernels::cpu::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am);
+        if (out == x.dtype())
+          kernels::cpu::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am);
+        else
+          kernels::cpu::reduce_dim(op, x.dtype(), out, x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner);
       },
       BT_CUDA_LAMBDA({
         const size_t n = kernels::cuda::reduce_dim_scratch_floats(op, p.outer, p.dim, p.inner);
         Tensor scratch =
             n ? empty({static_cast<int64_t>(n)}, TensorOptions{DType::F32, x.device()}) : Tensor();
-        kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am,
-                                  n ? scratch.data<float>() : nullptr, stream);
+        float* s = n ? scratch.data<float>() : nullptr;
+        if (out == x.dtype())
+          kernels::cuda::reduce_dim(op, x.dtype(), x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner, am, s,
+                                    stream);
+        else
+          kernels::cuda::reduce_dim(op, x.dtype(), out, x.data_ptr(), y.data_ptr(), p.outer, p.dim, p.inner,
+                                    s, stream);
       }));
   return y;
 }
@@ -78,14 +88,14 @@ Shape drop_dims(const Shape& s, const std::vector<int>& dims) {
   return out;
 }
 
-Tensor sum_raw(const Tensor& x, const std::vector<int>& dims, bool keepdim, bool mean) {
+Tensor sum_raw(const Tensor& x, const std::vector<int>& dims, bool keepdim, bool mean, DType out) {
   Tensor y = x;
   int64_t count = 1;
   for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
     count *= x.shape()[*it];
-    y = reduce_one(ReduceOp::Sum, y, *it, nullptr);
+    y = reduce_one(ReduceOp::Sum, y, *it, nullptr, out);
   }
-  if (dims.empty()) y = x.contiguous().clone();
+  if (dims.empty()) y = out == x.dtype() ? x.contiguous().clone() : x.to(out);
   if (mean) {
     NoGradGuard ng;
     y = mul(y, 1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
@@ -93,13 +103,18 @@ Tensor sum_raw(const Tensor& x, const std::vector<int>& dims, bool keepdim, bool
   return keepdim ? y : y.reshape(drop_dims(x.shape(), dims));
 }
 
-Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim, bool mean) {
-  detail::check_defined(mean ? "mean" : "sum", x, "input");
-  const std::vector<int> dims = normalize_dims(dims_in, x.dim(), mean ? "mean" : "sum");
+/// `out`: the dtype to sum in and return, x's or (Note [Gradients in a wider
+/// dtype]) f32 for a bf16 x; the backward then returns an f32 gradient.
+Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim, bool mean,
+                std::optional<DType> out = std::nullopt) {
+  const char* op = mean ? "mean" : "sum";
+  detail::check_defined(op, x, "input");
+  const std::vector<int> dims = normalize_dims(dims_in, x.dim(), op);
+  if (out) kernels::reduce_widens(ReduceOp::Sum, x.dtype(), *out, op);
   Tensor y;
   {
     NoGradGuard ng;
-    y = sum_raw(x, dims, keepdim, mean);
+    y = sum_raw(x, dims, keepdim, mean, out.value_or(x.dtype()));
   }
   if (autograd::any_requires_grad({&x})) {
     int64_t count = 1;
@@ -128,6 +143,9 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return sum_impl(x, dims, keepdim, false);
 }
 Tensor sum(const Tensor& x) { return sum_impl(x, all_dims(x), false, false); }
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType dtype) {
+  return sum_impl(x, dims, keepdim, false, dtype);
+}
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return sum_impl(x, dims, keepdim, true);
 }
@@ -137,7 +155,7 @@ Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
   detail::check_defined("max", x, "input");
   const int d = normalize_dim(dim_in, x.dim(), "max");
   Tensor argmax;
-  Tensor y = reduce_one(ReduceOp::Max, x, d, &argmax);
+  Tensor y = reduce_one(ReduceOp::Max, x, d, &argmax, x.dtype());
   Shape kept = y.shape();
   if (!keepdim) y = y.detach().reshape(drop_dims(x.shape(), {d}));
   if (autograd::any_requires_grad({&x}))

@@ -11,6 +11,10 @@ namespace bt {
 Tensor sum(const Tensor& x);
 /// Sum over `dims` (negative dims count from the end).
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+/// The same, accumulated and returned in `dtype`: x's, or f32 for a bf16 x
+/// (one rounding, to f32: Note [Gradients in a wider dtype]); any other pair
+/// is an error.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType dtype);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 /// Maximum along `dim`; the gradient flows to the first maximal element.

@@ -123,8 +123,11 @@ Tensor Tensor::to(DType t) const {
   Tensor y = copy_as(*this, t);
   if (autograd::any_requires_grad({this})) {
     BT_CHECK(is_floating(t), "to(", t, "): a tensor that requires grad can only be cast to a floating dtype");
-    autograd::record("ToDTypeBackward", {this}, y,
-                     [src = dtype()](Grads& g) -> Grads { return {g[0].to(src)}; });
+    // Note [Gradients in a wider dtype]: a gradient already in the source's
+    // dtype (an f32 weight gradient of a bf16 GEMM) passes through uncopied.
+    autograd::record("ToDTypeBackward", {this}, y, [src = dtype()](Grads& g) -> Grads {
+      return {g[0].to(src)};
+    }).any_grad_dtype = true;
   }
   return y;
 }

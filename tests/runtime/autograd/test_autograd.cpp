@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/autograd/function.h"
 #include "runtime/bt.h"
 
 namespace bt {
@@ -58,6 +59,87 @@ TEST(Autograd, DroppedGradientsStartAfresh) {
   EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{1, 2, 3}));
   sum(mul(x, 3.0)).backward();
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3, 3}));
+}
+
+// What a spy node saw: the dtype and buffer of the gradient it got.
+struct Seen {
+  DType dtype = DType::U8;
+  const void* data = nullptr;
+};
+
+/// An identity op whose backward notes its gradient in `seen` and passes it
+/// on; any_dtype: it takes gradients as they come (Node::any_grad_dtype).
+Tensor spy(const Tensor& x, Seen& seen, bool any_dtype) {
+  Tensor y;
+  {
+    NoGradGuard ng;
+    y = x.view(x.shape());
+  }
+  autograd::record("SpyBackward", {&x}, y, [&seen](autograd::Grads& g) -> autograd::Grads {
+    seen = {g[0].dtype(), g[0].data_ptr()};
+    return {g[0]};
+  }).any_grad_dtype = any_dtype;
+  return y;
+}
+
+// Note [Gradients in a wider dtype]: the weight gradient of a bf16 linear is
+// made in f32 by the GEMM, and the cast's backward and AccumulateGrad hand
+// that buffer to the f32 master as it is: no cast, no copy. A node that takes
+// only its output's dtype gets it cast to bf16 instead, and the master then
+// holds that rounding, cast back.
+TEST(Autograd, AWiderGradientReachesTheMasterUncopied) {
+  Generator gen(3);
+  Tensor x = randn({5, 4}, {}, &gen).to(DType::BF16);
+  Tensor p = randn({3, 4}, {}, &gen).requires_grad_();  // an f32 master
+  Seen seen;
+  sum(linear(x, spy(p.to(DType::BF16), seen, /*any_dtype=*/true))).backward();
+  EXPECT_EQ(seen.dtype, DType::F32);
+  ASSERT_EQ(p.grad().dtype(), DType::F32);
+  EXPECT_EQ(p.grad().data_ptr(), seen.data);
+  const std::vector<float> wide = p.grad().to_vector<float>();
+
+  Tensor q = p.detach().clone().requires_grad_();
+  sum(linear(x, spy(q.to(DType::BF16), seen, /*any_dtype=*/false))).backward();
+  EXPECT_EQ(seen.dtype, DType::BF16);
+  ASSERT_EQ(q.grad().dtype(), DType::F32);
+  EXPECT_NE(q.grad().data_ptr(), seen.data);
+  const std::vector<float> narrow = q.grad().to_vector<float>();
+  ASSERT_EQ(narrow.size(), wide.size());
+  for (size_t i = 0; i < wide.size(); ++i)
+    EXPECT_EQ(narrow[i], bf16_bits_to_float(float_to_bf16_bits(wide[i]))) << i;
+}
+
+// A tied weight (GPT's wte): the bf16 copy of one f32 master gets the head's
+// f32 gradient and the embedding's bf16 one. They add in f32, whichever comes
+// first, to the bits of the two gradients added apart, every time.
+TEST(Autograd, GradientsOfTwoDtypesAddInTheWider) {
+  Generator gen(5);
+  Tensor h = randn({4, 6}, {}, &gen).to(DType::BF16);
+  Tensor c = randn({3, 6}, {}, &gen).to(DType::BF16);
+  Tensor idx = from_vector<int32_t>({2, 0, 2}, {3});
+  Tensor p = randn({5, 6}, {}, &gen).requires_grad_();
+  // head: an f32 gradient; emb: a bf16 one. head_first: the head runs first
+  // in the forward, so its gradient arrives last.
+  auto grad_of = [&](bool head, bool emb, bool head_first) {
+    p.set_grad(Tensor());
+    Tensor w = p.to(DType::BF16);
+    Tensor loss;
+    auto add_term = [&](const Tensor& t) { loss = loss.defined() ? add(loss, t) : t; };
+    if (head && head_first) add_term(sum(linear(h, w)));
+    if (emb) add_term(sum(mul(embedding(w, idx), c)));
+    if (head && !head_first) add_term(sum(linear(h, w)));
+    loss.backward();
+    EXPECT_EQ(p.grad().dtype(), DType::F32);
+    return p.grad().to_vector<float>();
+  };
+  const std::vector<float> g_head = grad_of(true, false, true), g_emb = grad_of(false, true, true);
+  for (bool head_first : {true, false}) {
+    SCOPED_TRACE(head_first ? "head first" : "embedding first");
+    const std::vector<float> both = grad_of(true, true, head_first);
+    ASSERT_EQ(both.size(), g_head.size());
+    for (size_t i = 0; i < both.size(); ++i) EXPECT_EQ(both[i], g_head[i] + g_emb[i]) << i;
+    EXPECT_EQ(grad_of(true, true, head_first), both);
+  }
 }
 
 TEST(Autograd, SharedSubexpressionSumsBothPaths) {

@@ -1,6 +1,8 @@
 // GPT model: parameter layout and init statistics, causality, the padded
 // vocabulary, presets and argument errors.
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -157,6 +159,46 @@ TEST(Gpt, RecomputeModesGiveTheSameLossAndGradients) {
     else
       EXPECT_EQ(got, ref) << recompute_name(mode);
   }
+}
+
+/// True when the f32 value x is exactly a bf16 value (its low 16 bits are 0).
+bool bf16_exact(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u & 0xffffu) == 0;
+}
+
+// Under bf16 each master is cast to a bf16 compute copy; the linear layers'
+// weight and bias gradients (the tied head's too) are made by the GEMM and the
+// row sum in f32 and reach the f32 masters as they are (Note [Gradients in a
+// wider dtype]). Through a bf16 gradient every value would be a bf16 value;
+// made in f32, few of the nonzero ones are.
+TEST(Gpt, Bf16LinearGradientsReachTheMastersInF32) {
+  struct Restore {
+    Precision p = precision();
+    ~Restore() { set_precision(p); }
+  } restore;
+  set_precision(Precision::BF16);
+  Gpt m(small(), Device::cpu(), 11);
+  std::vector<int32_t> x = {1, 2, 3, 4, 5, 6, 7, 8}, y = {2, 3, 4, 5, 6, 7, 8, 9};
+  m.loss(ids(x, 2, 4), ids(y, 2, 4)).backward();
+  int checked = 0;
+  for (const auto& [name, t] : m.named_parameters()) {
+    ASSERT_EQ(t.grad().dtype(), DType::F32) << name;
+    const bool linear = name == "wte" || name.find(".c_") != std::string::npos;
+    if (!linear) continue;  // LayerNorm and wpe gradients still come in bf16
+    int64_t nonzero = 0, exact = 0;
+    for (float v : t.grad().to_vector<float>())
+      if (v != 0.0f) ++nonzero, exact += bf16_exact(v);
+    ASSERT_GT(nonzero, 0) << name;
+    // A weight gradient sums products; a bias gradient sums the 8 rows of
+    // bf16 values here, which is exact in bf16 more often (up to 3 in 8 seen).
+    const bool bias = name.size() > 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    EXPECT_LE(exact, bias ? nonzero / 2 : nonzero / 10)
+        << name << ": " << exact << " of " << nonzero << " nonzero gradient values are bf16 values";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1 + 8 * small().n_layer);
 }
 
 TEST(Gpt, BadInputsAreClearErrors) {
