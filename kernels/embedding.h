@@ -1,12 +1,15 @@
 // Embedding lookup: out[i, :] = table[idx[i], :], and its backward
 // dtable[idx[i], :] += dout[i, :]. Dtypes: F32, F64 on CPU, BF16 (the backward
-// accumulates in a float buffer on CUDA).
+// accumulates in a float buffer on CUDA). The `out_dt` overloads of the
+// backward also write an F32 dtable from BF16 dout, the gradient of a bf16
+// table cast from an f32 master (kernels/common/widen.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/widen.h"
 #ifdef BT_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -19,6 +22,9 @@ void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, co
 /// dtable is zeroed and then accumulated into.
 void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
                         void* dtable);
+/// The same with dtable of dtype out_dt: dt, or F32 for BF16 dout.
+void embedding_backward(DType dt, DType out_dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
+                        int64_t dim, void* dtable);
 }  // namespace cpu
 #ifdef BT_CUDA
 namespace cuda {
@@ -30,6 +36,10 @@ size_t embedding_backward_scratch_floats(int64_t num, int64_t dim);
 /// Deterministic: each output row is reduced in index order. dtable is overwritten.
 void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
                         void* dtable, float* scratch, cudaStream_t stream);
+/// The same with dtable of dtype out_dt: dt, or F32 for BF16 dout, which
+/// accumulates in dtable itself (scratch may then be null).
+void embedding_backward(DType dt, DType out_dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
+                        int64_t dim, void* dtable, float* scratch, cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/widen.h"
 #ifdef BT_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -96,9 +97,7 @@ struct GemmArgs {
 /// The dtype of C; throws bt::Error naming `who` for a c_dtype the GEMMs do
 /// not support (the rules at GemmArgs::c_dtype).
 inline DType gemm_c_dtype(const GemmArgs& g, const char* who) {
-  if (!g.c_dtype || *g.c_dtype == g.dtype) return g.dtype;
-  BT_CHECK(g.dtype == DType::BF16 && *g.c_dtype == DType::F32, who, ": a C of dtype ", *g.c_dtype, " with ",
-           g.dtype, " A and B is not supported (the one mixed GEMM is bf16 A and B into an f32 C)");
+  if (!g.c_dtype || !widens(g.dtype, *g.c_dtype, who)) return g.dtype;
   BT_CHECK(g.epilogue == Epilogue::None, who, ": a bf16 GEMM into an f32 C takes no epilogue (got epilogue ",
            static_cast<int>(g.epilogue), "); add the bias or apply GELU separately");
   return *g.c_dtype;

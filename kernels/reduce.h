@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/widen.h"
 #ifdef BT_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -22,9 +23,7 @@ enum class ReduceOp : uint8_t { Sum, Mean, Max };
 /// True when `out_dt` differs from `dt` (a BF16 input into an F32 output);
 /// throws bt::Error naming `who` for any other pair, or for Max.
 inline bool reduce_widens(ReduceOp op, DType dt, DType out_dt, const char* who) {
-  if (out_dt == dt) return false;
-  BT_CHECK(dt == DType::BF16 && out_dt == DType::F32, who, ": a ", dt, " input cannot be reduced into a ",
-           out_dt, " output (only bf16 into f32 changes the dtype)");
+  if (!widens(dt, out_dt, who)) return false;
   BT_CHECK(op != ReduceOp::Max, who, ": max keeps the input's dtype (asked for ", out_dt, " from ", dt, ")");
   return true;
 }

@@ -1,5 +1,6 @@
-// CPU embedding lookup and its backward (F32, F64, BF16). The backward adds
-// rows in index order into a compute-type buffer and rounds once on store.
+// CPU embedding lookup and its backward (F32, F64, BF16; BF16 into F32). The
+// backward adds rows in index order into a compute-type buffer and rounds once
+// on store.
 // Both run in parallel over disjoint rows (of the output, resp. of the table).
 #include "kernels/embedding.h"
 
@@ -26,6 +27,37 @@ void check_indices(const char* kernel, const int32_t* idx, int64_t n, int64_t nu
              num, ") (the embedding table has ", num, " rows)");
 }
 
+/// dtable (O: T, or float for bf16 dout) = the rows of d added by index.
+template <class T, class O>
+void backward_rows(const T* d, const int32_t* idx, int64_t n, int64_t num, int64_t dim, O* tab) {
+  using A = acc_t<T>;
+  if (dim == 0) return;
+  // Chunks of table rows; each scans all n indices and adds the ones that
+  // land in its rows, in index order, so every row sums as in a serial loop
+  // (whatever the chunks). A chunk zeroes >= 8n elements, so the scans cost
+  // little. An output of the compute type (F32, F64, BF16 into F32) is the
+  // accumulator itself; BF16 accumulates in A and rounds once on store.
+  const int64_t grain = grain_for(dim, std::max<int64_t>(8 * n, int64_t{1} << 16));
+  parallel_for(0, num, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<A> acc;
+    A* base;
+    if constexpr (std::is_same_v<A, O>) {
+      base = tab + lo * dim;
+    } else {
+      acc.resize(static_cast<size_t>((hi - lo) * dim));
+      base = acc.data();
+    }
+    std::fill(base, base + (hi - lo) * dim, A(0));
+    for (int64_t i = 0; i < n; ++i) {
+      if (idx[i] < lo || idx[i] >= hi) continue;
+      A* row = base + (idx[i] - lo) * dim;
+      for (int64_t j = 0; j < dim; ++j) row[j] += load(d, i * dim + j);
+    }
+    if constexpr (!std::is_same_v<A, O>)
+      for (int64_t e = 0; e < (hi - lo) * dim; ++e) store(tab, lo * dim + e, acc[e]);
+  });
+}
+
 }  // namespace
 
 void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, const int32_t* idx, int64_t n,
@@ -44,35 +76,18 @@ void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, co
 
 void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
                         void* dtable) {
+  embedding_backward(dt, dt, dout, idx, n, num, dim, dtable);
+}
+
+void embedding_backward(DType dt, DType out_dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
+                        int64_t dim, void* dtable) {
   check_indices("embedding_backward", idx, n, num, dim);
+  if (widens(dt, out_dt, "embedding_backward")) {
+    backward_rows(static_cast<const bf16*>(dout), idx, n, num, dim, static_cast<float*>(dtable));
+    return;
+  }
   detail::dispatch_float(dt, "embedding_backward", [&]<class T>(std::type_identity<T>) {
-    using A = acc_t<T>;
-    const T* d = static_cast<const T*>(dout);
-    T* tab = static_cast<T*>(dtable);
-    if (dim == 0) return;
-    // Chunks of table rows; each scans all n indices and adds the ones that
-    // land in its rows, in index order, so every row sums as in a serial loop
-    // (whatever the chunks). A chunk zeroes >= 8n elements, so the scans cost
-    // little. F32/F64 accumulate in the output itself (A == T); BF16 in A.
-    const int64_t grain = grain_for(dim, std::max<int64_t>(8 * n, int64_t{1} << 16));
-    parallel_for(0, num, grain, [&](int64_t lo, int64_t hi) {
-      std::vector<A> acc;
-      A* base;
-      if constexpr (std::is_same_v<A, T>) {
-        base = tab + lo * dim;
-      } else {
-        acc.resize(static_cast<size_t>((hi - lo) * dim));
-        base = acc.data();
-      }
-      std::fill(base, base + (hi - lo) * dim, A(0));
-      for (int64_t i = 0; i < n; ++i) {
-        if (idx[i] < lo || idx[i] >= hi) continue;
-        A* row = base + (idx[i] - lo) * dim;
-        for (int64_t j = 0; j < dim; ++j) row[j] += load(d, i * dim + j);
-      }
-      if constexpr (!std::is_same_v<A, T>)
-        for (int64_t e = 0; e < (hi - lo) * dim; ++e) store(tab, lo * dim + e, acc[e]);
-    });
+    backward_rows(static_cast<const T*>(dout), idx, n, num, dim, static_cast<T*>(dtable));
   });
 }
 

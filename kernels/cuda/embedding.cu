@@ -5,8 +5,9 @@
 // Every block scans all n indices in order, keeps those of its bucket (compacted
 // in order through a warp ballot), and adds dout rows into a float accumulator
 // in index order. Each output element is thus summed by one thread in index
-// order: the result is bitwise reproducible, with no atomics. F32 accumulates in
-// dtable itself; BF16 accumulates in scratch [num, dim] and converts at the end.
+// order: the result is bitwise reproducible, with no atomics. F32 (and BF16
+// into an F32 dtable) accumulates in dtable itself; BF16 accumulates in scratch
+// [num, dim] and converts at the end.
 #include <climits>
 #include <type_traits>
 
@@ -140,13 +141,19 @@ size_t embedding_backward_scratch_floats(int64_t num, int64_t dim) {
 
 void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
                         void* dtable, float* scratch, cudaStream_t stream) {
+  embedding_backward(dt, dt, dout, idx, n, num, dim, dtable, scratch, stream);
+}
+
+void embedding_backward(DType dt, DType out_dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
+                        int64_t dim, void* dtable, float* scratch, cudaStream_t stream) {
   check_sizes("embedding_backward", num, dim, n);
+  const bool wide = widens(dt, out_dt, "cuda embedding_backward");
   dispatch_float(dt, "embedding_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (num == 0 || dim == 0) return;
     BT_CHECK(dtable != nullptr, "cuda embedding_backward: null dtable");
-    constexpr bool kDirect = std::is_same_v<T, float>;
-    float* acc = kDirect ? static_cast<float*>(dtable) : scratch;
+    const bool direct = std::is_same_v<T, float> || wide;  // dtable is the float accumulator
+    float* acc = direct ? static_cast<float*>(dtable) : scratch;
     BT_CHECK(acc != nullptr,
              "cuda embedding_backward: null scratch (allocate embedding_backward_scratch_floats(", num, ", ",
              dim, ") floats)");
@@ -166,7 +173,7 @@ void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t 
                                                                  dim, buckets, acc);
       BT_KERNEL_CHECK();
     }
-    if constexpr (!kDirect) {
+    if (!direct) {
       constexpr int kThreads = 256;
       f32_to_kernel<T>
           <<<grid_stride_blocks(total, kThreads), kThreads, 0, stream>>>(acc, static_cast<T*>(dtable), total);

@@ -17,11 +17,12 @@ struct Later {
 
 // Note [Gradients in a wider dtype]
 // A backward function may return the gradient of a floating input in a wider
-// floating dtype than the input's. LinearBackward does for bf16 operands: its
-// GEMMs write the weight and bias gradients in f32 (kernels/gemm.h c_dtype),
-// since under Precision::BF16 every bf16 weight is a recorded cast of an f32
-// master, whose gradient is wanted in f32 -- the gradient is rounded once, not
-// to bf16 and again, and no cast pass or bf16 buffer is spent on it.
+// floating dtype than the input's. Under Precision::BF16 every bf16 weight is
+// a recorded cast of an f32 master, whose gradient is wanted in f32, so the
+// ops that make weight gradients make them in f32 from bf16 data: linear's
+// GEMM and bias sum, the embedding's backward (kernels/common/widen.h). Each
+// gradient is then rounded once, to f32, not to bf16 and again, and no cast
+// pass or bf16 buffer is spent on it. (LayerNorm's still come in bf16.)
 //   The engine keeps the rule local: two gradients of one tensor that arrive
 // in different dtypes are added in the wider one (f64 > f32 > bf16, f16;
 // bf16 with f16 in f32), and before a node runs, each gradient of an output
@@ -31,9 +32,10 @@ struct Later {
 // already has the source's dtype (ToDTypeBackward, Zero3WeightBackward), and
 // AccumulateGrad, which casts to the leaf's dtype at most once and otherwise
 // keeps the buffer (Note [Stealing the gradient]). So a bf16 weight cast from
-// an f32 master costs no backward pass at all, and the tied embedding of GPT,
-// whose bf16 copy gets the head's f32 gradient and the embedding's bf16 one,
-// sums the two in f32 in the engine's fixed node order: deterministic.
+// an f32 master costs no backward pass at all; GPT's tied wte sums its head's
+// and its embedding's f32 gradients; a weight whose bf16 copy also feeds a
+// bf16 op gets that op's bf16 gradient added in f32. The engine's node order
+// is fixed, so all of this is deterministic.
 DType wider(DType a, DType b) {
   if (a == b) return a;
   if (a == DType::F64 || b == DType::F64) return DType::F64;

@@ -90,6 +90,37 @@ TEST(CudaEmbedding, BackwardIsBitwiseDeterministic) {
   }
 }
 
+// A bf16 gradient summed into an f32 table (the gradient of a bf16 table cast
+// from an f32 master): against the CPU's at f32's tolerance (a table rounded
+// to bf16 fails it), bitwise repeatable, with no scratch.
+TEST(CudaEmbedding, Bf16IntoF32MatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  for (int64_t num : {50, 1000}) {
+    for (int64_t dim : {7, 768}) {
+      const int64_t n = 5000;
+      SCOPED_TRACE(::testing::Message() << "num " << num << " dim " << dim << " n " << n);
+      std::vector<int32_t> idx = random_indices(n, num, gen);
+      for (size_t i = 0; i < idx.size(); i += 3) idx[i] = 1;  // a row with many terms
+      const HostBuf g = randn_buf(DType::BF16, n * dim, gen);
+      HostBuf ref(DType::F32, num * dim);
+      cpu::embedding_backward(DType::BF16, DType::F32, g.data(), idx.data(), n, num, dim, ref.data());
+      DevBuf dg(g), didx(upload_vector(idx)), dtab(static_cast<size_t>(num * dim) * sizeof(float));
+      std::vector<double> first;
+      for (int run = 0; run < 2; ++run) {
+        dtab.poison();
+        cuda::embedding_backward(DType::BF16, DType::F32, dg.get(), didx.as<int32_t>(), n, num, dim,
+                                 dtab.get(), nullptr, nullptr);
+        const std::vector<double> got = dtab.to_host(DType::F32, num * dim).vals();
+        if (run == 0) first = got;
+        EXPECT_EQ(got, first) << "two runs differ";
+      }
+      BT_EXPECT_REL(first, ref.vals(), 1e-5, "bf16 into f32");
+    }
+  }
+}
+
 TEST(CudaEmbedding, CountOutOfRange) {
   BT_SKIP_WITHOUT_GPU();
   const std::vector<int32_t> idx = {0, 5, -1, 9, 10, 3, 1000, -7, 2};

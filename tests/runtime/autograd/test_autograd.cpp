@@ -83,10 +83,10 @@ Tensor spy(const Tensor& x, Seen& seen, bool any_dtype) {
 }
 
 // Note [Gradients in a wider dtype]: the weight gradient of a bf16 linear is
-// made in f32 by the GEMM, and the cast's backward and AccumulateGrad hand
-// that buffer to the f32 master as it is: no cast, no copy. A node that takes
-// only its output's dtype gets it cast to bf16 instead, and the master then
-// holds that rounding, cast back.
+// made in f32 by the GEMM (an embedding's by its backward), and the cast's
+// backward and AccumulateGrad hand that buffer to the f32 master as it is: no
+// cast, no copy. A node that takes only its output's dtype gets it cast to
+// bf16 instead, and the master then holds that rounding, cast back.
 TEST(Autograd, AWiderGradientReachesTheMasterUncopied) {
   Generator gen(3);
   Tensor x = randn({5, 4}, {}, &gen).to(DType::BF16);
@@ -107,37 +107,43 @@ TEST(Autograd, AWiderGradientReachesTheMasterUncopied) {
   ASSERT_EQ(narrow.size(), wide.size());
   for (size_t i = 0; i < wide.size(); ++i)
     EXPECT_EQ(narrow[i], bf16_bits_to_float(float_to_bf16_bits(wide[i]))) << i;
+
+  // The embedding's backward sums a bf16 table's gradient in f32 too.
+  Tensor e = randn({6, 4}, {}, &gen).requires_grad_();
+  sum(embedding(spy(e.to(DType::BF16), seen, /*any_dtype=*/true), from_vector<int32_t>({1, 5, 1}, {3})))
+      .backward();
+  EXPECT_EQ(seen.dtype, DType::F32);
+  ASSERT_EQ(e.grad().dtype(), DType::F32);
+  EXPECT_EQ(e.grad().data_ptr(), seen.data);
 }
 
-// A tied weight (GPT's wte): the bf16 copy of one f32 master gets the head's
-// f32 gradient and the embedding's bf16 one. They add in f32, whichever comes
-// first, to the bits of the two gradients added apart, every time.
+// A weight used twice: its bf16 copy gets a linear's f32 gradient and a bf16
+// op's bf16 one (mul here). They add in f32, whichever comes first, to the
+// bits of the two gradients added apart, every time.
 TEST(Autograd, GradientsOfTwoDtypesAddInTheWider) {
   Generator gen(5);
   Tensor h = randn({4, 6}, {}, &gen).to(DType::BF16);
-  Tensor c = randn({3, 6}, {}, &gen).to(DType::BF16);
-  Tensor idx = from_vector<int32_t>({2, 0, 2}, {3});
+  Tensor c = randn({5, 6}, {}, &gen).to(DType::BF16);
   Tensor p = randn({5, 6}, {}, &gen).requires_grad_();
-  // head: an f32 gradient; emb: a bf16 one. head_first: the head runs first
-  // in the forward, so its gradient arrives last.
-  auto grad_of = [&](bool head, bool emb, bool head_first) {
+  // head_first: the linear runs first in the forward, so its gradient arrives last.
+  auto grad_of = [&](bool linear_term, bool mul_term, bool head_first) {
     p.set_grad(Tensor());
     Tensor w = p.to(DType::BF16);
     Tensor loss;
     auto add_term = [&](const Tensor& t) { loss = loss.defined() ? add(loss, t) : t; };
-    if (head && head_first) add_term(sum(linear(h, w)));
-    if (emb) add_term(sum(mul(embedding(w, idx), c)));
-    if (head && !head_first) add_term(sum(linear(h, w)));
+    if (linear_term && head_first) add_term(sum(linear(h, w)));
+    if (mul_term) add_term(sum(mul(w, c)));
+    if (linear_term && !head_first) add_term(sum(linear(h, w)));
     loss.backward();
     EXPECT_EQ(p.grad().dtype(), DType::F32);
     return p.grad().to_vector<float>();
   };
-  const std::vector<float> g_head = grad_of(true, false, true), g_emb = grad_of(false, true, true);
+  const std::vector<float> g_lin = grad_of(true, false, true), g_mul = grad_of(false, true, true);
   for (bool head_first : {true, false}) {
-    SCOPED_TRACE(head_first ? "head first" : "embedding first");
+    SCOPED_TRACE(head_first ? "linear first" : "mul first");
     const std::vector<float> both = grad_of(true, true, head_first);
-    ASSERT_EQ(both.size(), g_head.size());
-    for (size_t i = 0; i < both.size(); ++i) EXPECT_EQ(both[i], g_head[i] + g_emb[i]) << i;
+    ASSERT_EQ(both.size(), g_lin.size());
+    for (size_t i = 0; i < both.size(); ++i) EXPECT_EQ(both[i], g_lin[i] + g_mul[i]) << i;
     EXPECT_EQ(grad_of(true, true, head_first), both);
   }
 }
