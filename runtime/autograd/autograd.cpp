@@ -19,18 +19,6 @@ void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
 
-namespace {
-
-/// Note [Stealing the gradient]: `g` is the only handle of a contiguous
-/// tensor of `shape` that alone fills its storage, outside any graph.
-bool sole_owner(const Tensor& g, const Shape& shape) {
-  const std::shared_ptr<TensorImpl>& impl = g.impl_ptr();
-  return !g.requires_grad() && impl.use_count() == 1 && impl->storage.use_count() == 1 && g.offset() == 0 &&
-         g.is_contiguous() && g.shape() == shape && impl->storage->nbytes == g.nbytes();
-}
-
-}  // namespace
-
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
@@ -43,12 +31,14 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // GEMM, reduction or cast output). Later accumulations add into it in
     // place, which would otherwise write into memory another tensor, a saved
     // activation or a view, still reads. Anything shared gets a fresh buffer;
-    // casts and contiguous() of a non-contiguous view already produce one. A
-    // gradient in another dtype than the leaf's (Note [Gradients in a wider
-    // dtype]) is cast once here, and added in the leaf's dtype later.
+    // casts and contiguous() of a non-contiguous view already produce one.
+    // (The engine's sum of two gradients of one tensor adds into the first by
+    // the same test.) A gradient in another dtype than the leaf's (Note
+    // [Gradients in a wider dtype]) is cast once here, and added in the
+    // leaf's dtype later.
     if (g.dtype() != leaf_.dtype())
       m.grad = g.to(leaf_.dtype());
-    else if (sole_owner(g, leaf_.shape()))
+    else if (autograd::sole_owner(g, leaf_.shape()))
       m.grad = std::move(g);
     else
       m.grad = g.is_contiguous() ? g.clone() : g.contiguous();
@@ -89,6 +79,12 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   for (const Tensor* t : inputs)
     if (t && t->defined() && t->requires_grad()) return true;
   return false;
+}
+
+bool sole_owner(const Tensor& g, const Shape& shape) {
+  const std::shared_ptr<TensorImpl>& impl = g.impl_ptr();
+  return !g.requires_grad() && impl.use_count() == 1 && impl->storage.use_count() == 1 && g.offset() == 0 &&
+         g.is_contiguous() && g.shape() == shape && impl->storage->nbytes == g.nbytes();
 }
 
 void set_history(const Tensor& out, const std::shared_ptr<Node>& fn, uint32_t output_nr) {

@@ -32,10 +32,10 @@ struct Later {
 // already has the source's dtype (ToDTypeBackward, Zero3WeightBackward), and
 // AccumulateGrad, which casts to the leaf's dtype at most once and otherwise
 // keeps the buffer (Note [Stealing the gradient]). So a bf16 weight cast from
-// an f32 master costs no backward pass at all; GPT's tied wte sums its head's
-// and its embedding's f32 gradients; a weight whose bf16 copy also feeds a
-// bf16 op gets that op's bf16 gradient added in f32. The engine's node order
-// is fixed, so all of this is deterministic.
+// an f32 master costs no backward pass at all; GPT's tied wte sums its
+// embedding's f32 gradient into its head's (accumulate); a weight whose bf16
+// copy also feeds a bf16 op gets that op's bf16 gradient added in f32. The
+// engine's node order is fixed, so all of this is deterministic.
 DType wider(DType a, DType b) {
   if (a == b) return a;
   if (a == DType::F64 || b == DType::F64) return DType::F64;
@@ -48,10 +48,13 @@ void accumulate(std::vector<Tensor>& buf, uint32_t slot, Tensor g) {
   Tensor& acc = buf[slot];
   if (!acc.defined()) {
     acc = std::move(g);
-  } else {
-    const DType dt = wider(acc.dtype(), g.dtype());  // Note [Gradients in a wider dtype]
-    acc = add(acc.to(dt), g.to(dt));
+    return;
   }
+  const DType dt = wider(acc.dtype(), g.dtype());  // Note [Gradients in a wider dtype]
+  if (dt == acc.dtype() && g.shape() == acc.shape() && sole_owner(acc, acc.shape()))
+    acc.add_(g);  // nobody else sees acc's buffer (Note [Stealing the gradient]): add into it
+  else
+    acc = add(acc.to(dt), g.to(dt));
 }
 
 /// Note [Gradients in a wider dtype]: the gradients `n` gets, in its outputs' dtypes.

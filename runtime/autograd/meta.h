@@ -29,6 +29,10 @@ Edge edge_of(const Tensor& t);
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 /// Connects `out` (output `output_nr` of `fn`) to the graph.
 void set_history(const Tensor& out, const std::shared_ptr<Node>& fn, uint32_t output_nr = 0);
+/// Note [Stealing the gradient]: `g` is the only handle of a contiguous
+/// tensor of `shape` that alone fills its storage, outside any graph, so
+/// its buffer may be kept or written in place.
+bool sole_owner(const Tensor& g, const Shape& shape);
 
 /// Makes a node of type N whose next edges are the inputs' edges, or returns
 /// null when no gradient is needed (grad mode off or no input requires grad).

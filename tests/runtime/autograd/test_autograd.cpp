@@ -148,6 +148,42 @@ TEST(Autograd, GradientsOfTwoDtypesAddInTheWider) {
   }
 }
 
+// Two gradients of one tensor: the engine adds the second into the first's
+// buffer when nothing else holds it (Note [Stealing the gradient]), so the sum
+// costs no new buffer; the values are those of the two added apart.
+TEST(Autograd, GradientsSumIntoASoleBuffer) {
+  Generator gen(9);
+  Tensor x = randn({5, 4}, {}, &gen), c = randn({3, 4}, {}, &gen);
+  Tensor p = randn({3, 4}, {}, &gen).requires_grad_();
+  Seen at_sum, from_linear, from_mul;
+  Tensor w = spy(mul(p, 1.0), at_sum, false);
+  Tensor l = sum(linear(x, spy(w, from_linear, false)));
+  Tensor m = sum(mul(spy(w, from_mul, false), c));
+  add(l, m).backward();
+  EXPECT_TRUE(at_sum.data == from_linear.data || at_sum.data == from_mul.data);
+  const std::vector<float> both = p.grad().to_vector<float>();
+  Tensor q = p.detach().clone().requires_grad_();
+  sum(linear(x, q)).backward();
+  const std::vector<float> g_lin = q.grad().to_vector<float>();
+  q.set_grad(Tensor());
+  sum(mul(q, c)).backward();
+  const std::vector<float> g_mul = q.grad().to_vector<float>();
+  for (size_t i = 0; i < both.size(); ++i) EXPECT_EQ(both[i], g_lin[i] + g_mul[i]) << i;
+}
+
+// AddBackward hands one gradient to both its inputs. When a's other gradient
+// arrives, b's input still holds that buffer: adding into it in place would
+// change b's gradient too.
+TEST(Autograd, ASharedGradientIsNotSummedInPlace) {
+  Tensor x = param({1, 2}), z = param({3, 4});
+  Tensor a = mul(x, 1.0), b = mul(z, 1.0);
+  Tensor t = sum(mul(a, 3.0));  // created before s: its gradient reaches a after AddBackward's
+  Tensor s = add(a, b);
+  add(t, sum(mul(s, 2.0))).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{5, 5}));
+  EXPECT_EQ(z.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+}
+
 TEST(Autograd, SharedSubexpressionSumsBothPaths) {
   Tensor x = param({2});
   Tensor y = mul(x, x);  // used twice
