@@ -3,8 +3,8 @@
 //   GEMM 4096^3 (bf16, strict f32, f32+tf32): cuda::gemm (cuBLASLt) vs
 //     cuda::cublas_reference_gemm (plain cuBLAS), TFLOP/s; f32 3xTF32 (the
 //     fp32x3 precision, split included) against plain cuBLAS's strict SGEMM,
-//     in fp32 TFLOP/s (2 N^3 per GEMM, not the 3 TF32 products); also on
-//     GPT-2 124M's MLP shapes (forward, input and weight gradients).
+//     in fp32 TFLOP/s (2 N^3 per GEMM, not the 3 TF32 products); then every
+//     math on GPT-2 124M's MLP shapes (forward, input and weight gradients).
 //   Device-to-device copy (cudaMemcpyAsync) at 64 and 256 MiB: the bandwidth
 //     ceiling, counting bytes read + written.
 //   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
@@ -190,37 +190,52 @@ void bench_gemm(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
   }
 }
 
-/// fp32x3 on GPT-2 124M's MLP GEMMs (16384 tokens, 768 -> 3072): the forward,
-/// the input gradient and the weight gradient (a transposed A over K = 16384),
-/// each against cuBLAS's strict SGEMM of the same layout.
-void bench_gemm_x3_shapes(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
+/// GPT-2 124M's MLP GEMMs (16384 tokens, 768 -> 3072): the forward, the input
+/// gradient and the weight gradient (a transposed A over K = 16384), in every
+/// GEMM math, each against plain cuBLAS on the same layout (fp32x3 against
+/// strict SGEMM): whether cuBLASLt's heuristic picks as well as cuBLAS does
+/// on the shapes training runs, not only on a square.
+void bench_gemm_gpt2_shapes(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
   using bt::kernels::GemmMath;
   struct Shape {
     const char* name;
     int64_t m, n, k;
     bool ta, tb;
   };
+  struct Cfg {
+    DType dt;
+    GemmMath math;
+    const char* name;
+  };
   const int64_t M = 16384, C = 768, F = 3072;
-  for (const Shape& sh : {Shape{"fwd x W^T", M, F, C, false, true}, Shape{"dX = dY W", M, C, F, false, false},
-                          Shape{"dW = dY^T X", F, C, M, true, false}}) {
-    Dev a(sh.m * sh.k * 4), b(sh.k * sh.n * 4), out(sh.m * sh.n * 4);
-    fill_random(DType::F32, a.p, sh.m * sh.k, 1, -1.0f, 1.0f, s);
-    fill_random(DType::F32, b.p, sh.k * sh.n, 2, -1.0f, 1.0f, s);
-    bt::kernels::GemmArgs g;
-    g.m = sh.m, g.n = sh.n, g.k = sh.k, g.trans_a = sh.ta, g.trans_b = sh.tb;
-    g.lda = sh.ta ? sh.m : sh.k, g.ldb = sh.tb ? sh.k : sh.n, g.ldc = sh.n;
-    g.a = a.p, g.b = b.p, g.c = out.p;
-    g.math = GemmMath::Tf32x3;
-    Dev scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * sizeof(float));
-    const double ours = timer.median_ms([&] { cuda::gemm(g, s, scratch.as<float>()); }, s);
-    bt::kernels::GemmArgs strict = g;
-    strict.math = GemmMath::Strict;
-    const double ref = timer.median_ms([&] { cuda::cublas_reference_gemm(strict, s); }, s);
-    const double flops = 2.0 * sh.m * sh.n * sh.k;
-    rows.push_back({std::string("GEMM f32 3xTF32, GPT-2 MLP ") + sh.name,
-                    std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k), "TFLOP/s",
-                    flops / (ours * 1e-3) / 1e12, flops / (ref * 1e-3) / 1e12, "cuBLAS strict SGEMM"});
-  }
+  for (const Cfg& c :
+       {Cfg{DType::BF16, GemmMath::Strict, "bf16"}, Cfg{DType::F32, GemmMath::Strict, "f32"},
+        Cfg{DType::F32, GemmMath::Tf32, "f32 + tf32"}, Cfg{DType::F32, GemmMath::Tf32x3, "f32 3xTF32"}})
+    for (const Shape& sh :
+         {Shape{"fwd x W^T", M, F, C, false, true}, Shape{"dX = dY W", M, C, F, false, false},
+          Shape{"dW = dY^T X", F, C, M, true, false}}) {
+      const size_t es = bt::dtype_size(c.dt);
+      Dev a(sh.m * sh.k * es), b(sh.k * sh.n * es), out(sh.m * sh.n * es);
+      fill_random(c.dt, a.p, sh.m * sh.k, 1, -1.0f, 1.0f, s);
+      fill_random(c.dt, b.p, sh.k * sh.n, 2, -1.0f, 1.0f, s);
+      bt::kernels::GemmArgs g;
+      g.dtype = c.dt;
+      g.m = sh.m, g.n = sh.n, g.k = sh.k, g.trans_a = sh.ta, g.trans_b = sh.tb;
+      g.lda = sh.ta ? sh.m : sh.k, g.ldb = sh.tb ? sh.k : sh.n, g.ldc = sh.n;
+      g.a = a.p, g.b = b.p, g.c = out.p;
+      g.math = c.math;
+      Dev scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * sizeof(float));
+      const double ours = timer.median_ms([&] { cuda::gemm(g, s, scratch.as<float>()); }, s);
+      const bool x3 = c.math == GemmMath::Tf32x3;
+      bt::kernels::GemmArgs ref = g;
+      if (x3) ref.math = GemmMath::Strict;
+      const double theirs = timer.median_ms([&] { cuda::cublas_reference_gemm(ref, s); }, s);
+      const double flops = 2.0 * sh.m * sh.n * sh.k;
+      rows.push_back({std::string("GEMM ") + c.name + ", GPT-2 MLP " + sh.name,
+                      std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k),
+                      "TFLOP/s", flops / (ours * 1e-3) / 1e12, flops / (theirs * 1e-3) / 1e12,
+                      x3 ? "cuBLAS strict SGEMM" : "cuBLAS"});
+    }
 }
 
 // ---------------------------------------------------------------- bandwidth
@@ -405,7 +420,7 @@ int main(int argc, char** argv) {
     Timer timer(opt.quick ? 3 : 10, opt.quick ? 20 : 50);
     std::vector<Row> rows;
     bench_gemm(timer, s, rows);
-    bench_gemm_x3_shapes(timer, s, rows);
+    bench_gemm_gpt2_shapes(timer, s, rows);
     bench_attention(opt, timer, s, rows);
 
     std::vector<size_t> sizes = {size_t{64} << 20};
