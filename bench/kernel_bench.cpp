@@ -156,86 +156,73 @@ void fill_random(DType dt, void* p, int64_t n, uint64_t seed, float lo, float hi
 }
 
 // ---------------------------------------------------------------- GEMM
-void bench_gemm(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
-  const int64_t N = 4096;
-  const double flops = 2.0 * N * N * N;
+/// One GEMM math (dtype and GemmMath), with a name for the table.
+struct GemmCfg {
+  DType dt;
+  bt::kernels::GemmMath math;
+  const char* name;
+};
+
+/// A GEMM problem: m x n x k with A and B read transposed or not.
+struct GemmShape {
+  const char* name;
+  int64_t m, n, k;
+  bool ta, tb;
+};
+
+/// `c` on `sh` against plain cuBLAS on the same layout (fp32x3 against strict
+/// SGEMM, the ceiling it has to beat), in TFLOP/s of the product (2 m n k,
+/// not fp32x3's three TF32 products).
+Row gemm_row(Timer& timer, cudaStream_t s, const GemmCfg& c, const GemmShape& sh, const std::string& kernel) {
   using bt::kernels::GemmMath;
-  struct Cfg {
-    DType dt;
-    GemmMath math;
-    const char* name;
-  };
-  for (const Cfg& c : {Cfg{DType::BF16, GemmMath::Strict, "GEMM bf16"},
-                       Cfg{DType::F32, GemmMath::Strict, "GEMM f32 (strict)"},
-                       Cfg{DType::F32, GemmMath::Tf32, "GEMM f32 + tf32"},
-                       Cfg{DType::F32, GemmMath::Tf32x3, "GEMM f32 3xTF32 (fp32x3)"}}) {
-    const size_t es = bt::dtype_size(c.dt);
-    Dev a(N * N * es), b(N * N * es), out(N * N * es);
-    fill_random(c.dt, a.p, N * N, 1, -1.0f, 1.0f, s);
-    fill_random(c.dt, b.p, N * N, 2, -1.0f, 1.0f, s);
-    bt::kernels::GemmArgs g;
-    g.dtype = c.dt;
-    g.m = g.n = g.k = N;
-    g.lda = g.ldb = g.ldc = N;
-    g.a = a.p, g.b = b.p, g.c = out.p;
-    g.math = c.math;
-    Dev scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * sizeof(float));
-    const double ours = timer.median_ms([&] { cuda::gemm(g, s, scratch.as<float>()); }, s);
-    const bool x3 = c.math == GemmMath::Tf32x3;
-    bt::kernels::GemmArgs strict = g;
-    if (x3) strict.math = GemmMath::Strict;  // the ceiling fp32x3 has to beat
-    const double ref = timer.median_ms([&] { cuda::cublas_reference_gemm(strict, s); }, s);
-    rows.push_back({c.name, "4096x4096x4096", "TFLOP/s", flops / (ours * 1e-3) / 1e12,
-                    flops / (ref * 1e-3) / 1e12, x3 ? "cuBLAS strict SGEMM" : "cuBLAS"});
-  }
+  const size_t es = bt::dtype_size(c.dt);
+  Dev a(sh.m * sh.k * es), b(sh.k * sh.n * es), out(sh.m * sh.n * es);
+  fill_random(c.dt, a.p, sh.m * sh.k, 1, -1.0f, 1.0f, s);
+  fill_random(c.dt, b.p, sh.k * sh.n, 2, -1.0f, 1.0f, s);
+  bt::kernels::GemmArgs g;
+  g.dtype = c.dt;
+  g.m = sh.m, g.n = sh.n, g.k = sh.k, g.trans_a = sh.ta, g.trans_b = sh.tb;
+  g.lda = sh.ta ? sh.m : sh.k, g.ldb = sh.tb ? sh.k : sh.n, g.ldc = sh.n;
+  g.a = a.p, g.b = b.p, g.c = out.p;
+  g.math = c.math;
+  Dev scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * sizeof(float));
+  const double ours = timer.median_ms([&] { cuda::gemm(g, s, scratch.as<float>()); }, s);
+  const bool x3 = c.math == GemmMath::Tf32x3;
+  bt::kernels::GemmArgs ref = g;
+  if (x3) ref.math = GemmMath::Strict;
+  const double theirs = timer.median_ms([&] { cuda::cublas_reference_gemm(ref, s); }, s);
+  const double flops = 2.0 * sh.m * sh.n * sh.k;
+  return {kernel,
+          std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k),
+          "TFLOP/s",
+          flops / (ours * 1e-3) / 1e12,
+          flops / (theirs * 1e-3) / 1e12,
+          x3 ? "cuBLAS strict SGEMM" : "cuBLAS"};
+}
+
+const GemmCfg kGemmCfgs[] = {{DType::BF16, bt::kernels::GemmMath::Strict, "bf16"},
+                             {DType::F32, bt::kernels::GemmMath::Strict, "f32"},
+                             {DType::F32, bt::kernels::GemmMath::Tf32, "f32 + tf32"},
+                             {DType::F32, bt::kernels::GemmMath::Tf32x3, "f32 3xTF32"}};
+
+/// 4096^3 in every math: the square the GEMM targets are set on.
+void bench_gemm(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
+  const char* names[] = {"GEMM bf16", "GEMM f32 (strict)", "GEMM f32 + tf32", "GEMM f32 3xTF32 (fp32x3)"};
+  for (int i = 0; i < 4; ++i)
+    rows.push_back(gemm_row(timer, s, kGemmCfgs[i], {"", 4096, 4096, 4096, false, false}, names[i]));
 }
 
 /// GPT-2 124M's MLP GEMMs (16384 tokens, 768 -> 3072): the forward, the input
 /// gradient and the weight gradient (a transposed A over K = 16384), in every
-/// GEMM math, each against plain cuBLAS on the same layout (fp32x3 against
-/// strict SGEMM): whether cuBLASLt's heuristic picks as well as cuBLAS does
-/// on the shapes training runs, not only on a square.
+/// GEMM math: whether cuBLASLt's heuristic picks as well as cuBLAS does on the
+/// shapes training runs, not only on a square.
 void bench_gemm_gpt2_shapes(Timer& timer, cudaStream_t s, std::vector<Row>& rows) {
-  using bt::kernels::GemmMath;
-  struct Shape {
-    const char* name;
-    int64_t m, n, k;
-    bool ta, tb;
-  };
-  struct Cfg {
-    DType dt;
-    GemmMath math;
-    const char* name;
-  };
   const int64_t M = 16384, C = 768, F = 3072;
-  for (const Cfg& c :
-       {Cfg{DType::BF16, GemmMath::Strict, "bf16"}, Cfg{DType::F32, GemmMath::Strict, "f32"},
-        Cfg{DType::F32, GemmMath::Tf32, "f32 + tf32"}, Cfg{DType::F32, GemmMath::Tf32x3, "f32 3xTF32"}})
-    for (const Shape& sh :
-         {Shape{"fwd x W^T", M, F, C, false, true}, Shape{"dX = dY W", M, C, F, false, false},
-          Shape{"dW = dY^T X", F, C, M, true, false}}) {
-      const size_t es = bt::dtype_size(c.dt);
-      Dev a(sh.m * sh.k * es), b(sh.k * sh.n * es), out(sh.m * sh.n * es);
-      fill_random(c.dt, a.p, sh.m * sh.k, 1, -1.0f, 1.0f, s);
-      fill_random(c.dt, b.p, sh.k * sh.n, 2, -1.0f, 1.0f, s);
-      bt::kernels::GemmArgs g;
-      g.dtype = c.dt;
-      g.m = sh.m, g.n = sh.n, g.k = sh.k, g.trans_a = sh.ta, g.trans_b = sh.tb;
-      g.lda = sh.ta ? sh.m : sh.k, g.ldb = sh.tb ? sh.k : sh.n, g.ldc = sh.n;
-      g.a = a.p, g.b = b.p, g.c = out.p;
-      g.math = c.math;
-      Dev scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * sizeof(float));
-      const double ours = timer.median_ms([&] { cuda::gemm(g, s, scratch.as<float>()); }, s);
-      const bool x3 = c.math == GemmMath::Tf32x3;
-      bt::kernels::GemmArgs ref = g;
-      if (x3) ref.math = GemmMath::Strict;
-      const double theirs = timer.median_ms([&] { cuda::cublas_reference_gemm(ref, s); }, s);
-      const double flops = 2.0 * sh.m * sh.n * sh.k;
-      rows.push_back({std::string("GEMM ") + c.name + ", GPT-2 MLP " + sh.name,
-                      std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k),
-                      "TFLOP/s", flops / (ours * 1e-3) / 1e12, flops / (theirs * 1e-3) / 1e12,
-                      x3 ? "cuBLAS strict SGEMM" : "cuBLAS"});
-    }
+  for (const GemmCfg& c : kGemmCfgs)
+    for (const GemmShape& sh :
+         {GemmShape{"fwd x W^T", M, F, C, false, true}, GemmShape{"dX = dY W", M, C, F, false, false},
+          GemmShape{"dW = dY^T X", F, C, M, true, false}})
+      rows.push_back(gemm_row(timer, s, c, sh, std::string("GEMM ") + c.name + ", GPT-2 MLP " + sh.name));
 }
 
 // ---------------------------------------------------------------- bandwidth
