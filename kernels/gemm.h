@@ -92,7 +92,22 @@ struct GemmArgs {
   void* pre_gelu = nullptr;
   /// F32 only: strict, TF32 or 3xTF32 products (Note [3xTF32]).
   GemmMath math = GemmMath::Strict;
+  /// If non-null: also the bias gradient of a weight-gradient GEMM (dW = dY^T
+  /// X, op(A) = dY^T), bias_grad[i] = sum over k of op(A)[i, k] for i < m, in
+  /// C's dtype. Only with Epilogue::None, one batch item and an A without
+  /// padding (lda = m when trans_a, else k). Note [Fused bias gradient].
+  void* bias_grad = nullptr;
 };
+
+// Note [Fused bias gradient]
+// A linear layer's bias gradient is the column sum of dY, the A of its weight
+// gradient's GEMM read transposed: asking that GEMM for it saves a pass over
+// dY (9 of GPT-2's 16 activations of width C per block). On CUDA cuBLASLt's
+// BGRADB epilogue sums it while the tiles stream through (our A is its B); when
+// cuBLASLt refuses that epilogue for the problem, or under 3xTF32 (whose
+// product runs on split copies), the sum is the reduction kernel the runtime's
+// sum() uses, on the same stream. The CPU always uses that reduction
+// (kernels/reduce.h), so its bits do not change with the fusion.
 
 /// The dtype of C; throws bt::Error naming `who` for a c_dtype the GEMMs do
 /// not support (the rules at GemmArgs::c_dtype).
@@ -101,6 +116,21 @@ inline DType gemm_c_dtype(const GemmArgs& g, const char* who) {
   BT_CHECK(g.epilogue == Epilogue::None, who, ": a bf16 GEMM into an f32 C takes no epilogue (got epilogue ",
            static_cast<int>(g.epilogue), "); add the bias or apply GELU separately");
   return *g.c_dtype;
+}
+
+/// op(A) as the [outer, dim, inner] buffer the reductions take, summed over
+/// dim = k (Note [Fused bias gradient]); throws bt::Error naming `who` when
+/// bias_grad is asked for where it is not supported.
+struct BiasGradDims {
+  int64_t outer, dim, inner;
+};
+inline BiasGradDims bias_grad_dims(const GemmArgs& g, const char* who) {
+  BT_CHECK(g.epilogue == Epilogue::None && g.batch <= 1, who,
+           ": bias_grad needs Epilogue::None and one batch item (got epilogue ", static_cast<int>(g.epilogue),
+           ", batch ", g.batch, ")");
+  BT_CHECK(g.lda == (g.trans_a ? g.m : g.k) || g.k == 0, who, ": bias_grad needs an A without padding (lda ",
+           g.lda, ", expected ", g.trans_a ? g.m : g.k, ")");
+  return g.trans_a ? BiasGradDims{1, g.k, g.m} : BiasGradDims{g.m, g.k, 1};
 }
 
 namespace cpu {

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <cblas.h>
@@ -34,6 +35,7 @@
 #include "kernels/common/tf32.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/reduce.h"
 
 extern "C" {
 void openblas_read_env(void) __attribute__((weak));
@@ -228,11 +230,18 @@ void check_args(const GemmArgs& g) {
 
 void gemm(const GemmArgs& args) {
   check_args(args);
-  const bool c_f32 = gemm_c_dtype(args, "gemm") != args.dtype;
+  const DType c_dt = gemm_c_dtype(args, "gemm");
+  const BiasGradDims d = args.bias_grad ? bias_grad_dims(args, "gemm") : BiasGradDims{0, 0, 0};
   detail::dispatch_float(args.dtype, "gemm", [&]<class T>(std::type_identity<T>) {
     if (args.batch == 0 || args.m == 0 || args.n == 0) return;
-    gemm_impl<T>(args, c_f32);
+    gemm_impl<T>(args, c_dt != args.dtype);
   });
+  if (args.bias_grad && args.m > 0) {  // Note [Fused bias gradient]: op(A) summed over k
+    if (args.k == 0)
+      std::memset(args.bias_grad, 0, static_cast<size_t>(args.m) * dtype_size(c_dt));
+    else
+      reduce_dim(ReduceOp::Sum, args.dtype, c_dt, args.a, args.bias_grad, d.outer, d.dim, d.inner);
+  }
 }
 
 }  // namespace bt::kernels::cpu

@@ -34,6 +34,7 @@
 #include "kernels/common/tf32.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
+#include "kernels/reduce.h"
 
 namespace bt::kernels::cuda {
 namespace {
@@ -222,7 +223,9 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
   const bool gelu = a.epilogue == Epilogue::Gelu || a.epilogue == Epilogue::BiasGelu;
   const bool aux = gelu && a.pre_gelu != nullptr;
   uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (fused) {
+  if (fused && a.bias_grad) {
+    epi = CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A (Note [Fused bias gradient])
+  } else if (fused) {
     if (bias && gelu)
       epi = aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
     else if (gelu)
@@ -232,11 +235,11 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
   }
   set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
   p.fused_epilogue = fused && epi != CUBLASLT_EPILOGUE_DEFAULT;
-  p.has_bias_attr = fused && bias;
+  p.has_bias_attr = fused && (bias || a.bias_grad);
   p.has_aux_attr = fused && aux;
   if (p.has_bias_attr) {
-    set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(t));
-    set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
+    set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(a.bias_grad ? tc : t));
+    set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias_grad ? a.bias_grad : a.bias);
   }
   if (p.has_aux_attr) {
     set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a.pre_gelu);
@@ -301,8 +304,9 @@ void validate(const GemmArgs& a, const char* what) {
 
 /// One cuBLASLt product (Strict or Tf32 for F32), then the epilogue kernel
 /// when cuBLASLt could not fuse the epilogue. The caller checked the arguments
-/// (gemm) or built them (gemm_x3); k > 0.
-void product(const GemmArgs& a, cudaStream_t stream) {
+/// (gemm) or built them (gemm_x3); k > 0. Returns whether cuBLASLt also wrote
+/// a.bias_grad (else the caller sums it: Note [Fused bias gradient]).
+bool product(const GemmArgs& a, cudaStream_t stream) {
   const DType c_dtype = gemm_c_dtype(a, "cuda gemm");
   const int64_t es = static_cast<int64_t>(dtype_size(a.dtype)),
                 es_c = static_cast<int64_t>(dtype_size(c_dtype));
@@ -314,7 +318,7 @@ void product(const GemmArgs& a, cudaStream_t stream) {
   key.trans_b = a.trans_b;
   key.math = a.dtype == DType::F32 ? static_cast<int64_t>(a.math) : 0;
   key.beta_zero = a.beta == 0.0f;
-  key.epilogue = static_cast<int>(a.epilogue) + (a.pre_gelu ? 8 : 0);
+  key.epilogue = static_cast<int>(a.epilogue) + (a.pre_gelu ? 8 : 0) + (a.bias_grad ? 16 : 0);
   key.m = a.m, key.n = a.n, key.k = a.k;
   key.lda = a.lda, key.ldb = a.ldb, key.ldc = a.ldc;
   key.batch = a.batch;
@@ -322,7 +326,7 @@ void product(const GemmArgs& a, cudaStream_t stream) {
   key.align_a = alignment_bytes(a.a, a.stride_a * es);
   key.align_b = alignment_bytes(a.b, a.stride_b * es);
   key.align_c = alignment_bytes(a.c, a.stride_c * es_c);
-  key.align_bias = a.bias ? alignment_bytes(a.bias, 0) : 0;
+  key.align_bias = a.bias_grad ? alignment_bytes(a.bias_grad, 0) : a.bias ? alignment_bytes(a.bias, 0) : 0;
   key.align_aux = a.pre_gelu ? alignment_bytes(a.pre_gelu, a.stride_c * es) : 0;
 
   std::lock_guard<std::mutex> lock(state_mutex());
@@ -335,7 +339,8 @@ void product(const GemmArgs& a, cudaStream_t stream) {
   auto make_plan = [&](bool try_fused) {
     auto plan = std::make_unique<Plan>();
     bool ok = false;
-    if (try_fused && a.epilogue != Epilogue::None && aux_ok) ok = build_plan(*plan, key, a, st.lt, true);
+    if (try_fused && (a.epilogue != Epilogue::None || a.bias_grad) && aux_ok)
+      ok = build_plan(*plan, key, a, st.lt, true);
     if (!ok) {
       plan = std::make_unique<Plan>();
       ok = build_plan(*plan, key, a, st.lt, false);
@@ -349,7 +354,8 @@ void product(const GemmArgs& a, cudaStream_t stream) {
   if (it == cache.end()) it = cache.emplace(key, make_plan(true)).first;
   const float alpha = a.alpha, beta = a.beta;
   auto run = [&](Plan& p) {
-    if (p.has_bias_attr) set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
+    if (p.has_bias_attr)
+      set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias_grad ? a.bias_grad : a.bias);
     if (p.has_aux_attr) set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a.pre_gelu);
     return cublasLtMatmul(st.lt, p.op, &alpha, a.b, p.la, a.a, p.lb, &beta, a.c, p.lc, a.c, p.lc, &p.algo, ws,
                           kWorkspaceBytes, stream);
@@ -365,6 +371,27 @@ void product(const GemmArgs& a, cudaStream_t stream) {
   if (!it->second->fused_epilogue && a.epilogue != Epilogue::None)
     dispatch_float(a.dtype, "gemm",
                    [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, false, stream); });
+  return a.bias_grad != nullptr && it->second->fused_epilogue;
+}
+
+/// Note [Fused bias gradient] without cuBLASLt: op(A) summed over k by the
+/// reduction kernel sum() uses, its scratch in this stream's cuBLASLt
+/// workspace (stream order keeps the two apart).
+void bias_grad_sum(const GemmArgs& a, DType c_dtype, cudaStream_t stream) {
+  if (a.k == 0) {
+    BT_CUDA_CHECK(cudaMemsetAsync(a.bias_grad, 0, static_cast<size_t>(a.m) * dtype_size(c_dtype), stream));
+    return;
+  }
+  const BiasGradDims d = bias_grad_dims(a, "cuda gemm");
+  const size_t floats = reduce_dim_scratch_floats(ReduceOp::Sum, d.outer, d.dim, d.inner);
+  BT_CHECK(floats * sizeof(float) <= kWorkspaceBytes, "cuda gemm: the bias gradient's ", floats,
+           " floats of scratch exceed the workspace");
+  float* scratch = nullptr;
+  if (floats) {
+    std::lock_guard<std::mutex> lock(state_mutex());
+    scratch = static_cast<float*>(workspace_for(state_for(current_device()), stream));
+  }
+  reduce_dim(ReduceOp::Sum, a.dtype, c_dtype, a.a, a.bias_grad, d.outer, d.dim, d.inner, scratch, stream);
 }
 
 // ------------------------------------------------------------ 3xTF32
@@ -575,6 +602,7 @@ void gemm_x3(const GemmArgs& a, const GemmPieces& p, float* scratch, cudaStream_
           }
           GemmArgs s = a;
           s.math = GemmMath::Tf32;
+          s.bias_grad = nullptr;  // summed from the caller's A by gemm()
           s.m = mc, s.n = nc, s.k = 3 * kc;
           s.batch = bc;
           // Note [K-contiguous copies]: A' is [m, 3K], B' is [n, 3K] read transposed.
@@ -621,9 +649,14 @@ GemmPieces gemm_x3_pieces(const GemmArgs& a, size_t scratch_floats) {
 void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scratch_floats) {
   validate(args, "gemm");
   const DType c_dtype = gemm_c_dtype(args, "cuda gemm");
+  if (args.bias_grad) bias_grad_dims(args, "cuda gemm");
   GemmArgs a = args;
   if (a.batch <= 1) a.stride_a = a.stride_b = a.stride_c = 0;
-  if (a.batch == 0 || a.m == 0 || a.n == 0) return;
+  if (a.batch == 0 || a.m == 0) return;
+  if (a.n == 0) {
+    if (a.bias_grad) bias_grad_sum(a, c_dtype, stream);
+    return;
+  }
   BT_CHECK(a.c != nullptr, "cuda gemm: null C");
   const bool bias = a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::BiasGelu;
   const bool gelu = a.epilogue == Epilogue::Gelu || a.epilogue == Epilogue::BiasGelu;
@@ -637,6 +670,7 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
   if (a.k == 0) {  // C = beta * C, then the epilogue (with an f32 C there is none)
     dispatch_float(c_dtype, "gemm",
                    [&](auto tag) { launch_epilogue<typename decltype(tag)::type>(a, true, stream); });
+    if (a.bias_grad) bias_grad_sum(a, c_dtype, stream);
     return;
   }
   BT_CHECK(a.a != nullptr && a.b != nullptr, "cuda gemm: null A or B");
@@ -645,16 +679,18 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
     BT_CHECK(scratch != nullptr, "cuda gemm: fp32x3 (GemmMath::Tf32x3) needs gemm_scratch_floats(args) = ",
              gemm_scratch_floats(a), " floats of scratch; none was given");
     gemm_x3(a, gemm_x3_pieces(a, scratch_floats), scratch, stream);
+    if (a.bias_grad) bias_grad_sum(a, c_dtype, stream);
     return;
   }
-  product(a, stream);
+  if (!product(a, stream) && a.bias_grad) bias_grad_sum(a, c_dtype, stream);
 }
 
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream) {
   validate(args, "cublas_reference_gemm");
   BT_CHECK(gemm_c_dtype(args, "cuda cublas_reference_gemm") == args.dtype,
            "cuda cublas_reference_gemm: a C of another dtype than A and B (c_dtype) is not supported");
-  BT_CHECK(args.epilogue == Epilogue::None, "cuda cublas_reference_gemm: epilogues are not supported");
+  BT_CHECK(args.epilogue == Epilogue::None && !args.bias_grad,
+           "cuda cublas_reference_gemm: epilogues and bias_grad are not supported");
   const GemmArgs& a = args;
   if (a.batch == 0 || a.m == 0 || a.n == 0) return;
   BT_CHECK(a.k > 0, "cuda cublas_reference_gemm: k must be positive");

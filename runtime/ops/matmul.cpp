@@ -91,7 +91,10 @@ void run_gemm(kernels::GemmArgs& g, const Device& d) {
 constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
 
 /// `out`: C's dtype when not a's (f32 for bf16 operands, kernels/gemm.h c_dtype).
-Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out = std::nullopt) {
+/// `bias_grad` (2-D a and b only): receives the sums of a's rows, from the same
+/// GEMM (Note [Fused bias gradient] in kernels/gemm.h).
+Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out = std::nullopt,
+                  Tensor* bias_grad = nullptr) {
   detail::check_defined("matmul", a, "a");
   detail::check_defined("matmul", b, "b");
   detail::check_same_device("matmul", a, b);
@@ -146,8 +149,23 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out = s
   g.b = ob.t.data_ptr();
   g.trans_b = ob.trans;
   g.ldb = ob.ld;
+  if (bias_grad) {
+    BT_ASSERT(a.dim() == 2 && b.dim() == 2 && bias_grad->numel() == M && bias_grad->dtype() == y.dtype());
+    g.bias_grad = bias_grad->data_ptr();
+  }
   run_gemm(g, a.device());
   return y;
+}
+
+/// dW = dY^T X and, with `bias`, db = the column sums of dY, both in `dt`,
+/// from one GEMM when dY is a plain [rows, out] matrix (Note [Fused bias
+/// gradient]); dY [rows, out], X [rows, in].
+std::pair<Tensor, Tensor> weight_and_bias_grad(const Tensor& gy, const Tensor& x, DType dt, bool bias) {
+  if (!bias || gy.numel() == 0 || x.size(1) == 0 || !gy.is_contiguous())
+    return {matmul_raw(gy.t(), x, dt), bias ? sum(gy, {0}, false, dt) : Tensor()};
+  Tensor gb = empty({gy.size(1)}, gy.options().with_dtype(dt));
+  Tensor gw = matmul_raw(gy.t(), x, dt, &gb);
+  return {gw, gb};
 }
 
 }  // namespace
@@ -244,8 +262,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
           // Note [Gradients in a wider dtype]: bf16 weights are casts of f32
           // masters, so their gradients are made in f32 by the GEMM and the sum.
           const DType gdt = gy.dtype() == DType::BF16 ? DType::F32 : gy.dtype();
-          Tensor gw = matmul_raw(gy.t(), x2, gdt);
-          Tensor gb = has_bias ? sum(gy, {0}, false, gdt) : Tensor();
+          auto [gw, gb] = weight_and_bias_grad(gy, x2, gdt, has_bias);
           return {gx, gw, gb};
         });
   return y;

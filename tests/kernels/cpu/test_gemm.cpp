@@ -172,6 +172,44 @@ TEST(GemmCpu, Bf16OperandsIntoF32) {
            DType::F32);  // c_dtype == dtype: as unset
 }
 
+// Note [Fused bias gradient]: bias_grad is sum over k of op(A) -- dY's column
+// sums when A = dY^T -- against a double reference, in C's dtype (f32 for
+// bf16 operands), and asking for it leaves C's bits as they were.
+TEST(GemmCpu, BiasGradIsTheSumOfOpAOverK) {
+  uint32_t seed = 5000;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool ta : {true, false})
+      for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{300}}) {
+        const int64_t m = 19, n = 7;
+        SCOPED_TRACE(bt::cat(dtype_name(dt), " ta=", ta, " k=", k));
+        const DType cdt = DType::F32;
+        const Buf A = rand_buf(dt, std::max<int64_t>(m * k, 1), seed++),
+                  B = rand_buf(dt, std::max<int64_t>(k * n, 1), seed++);
+        GemmArgs g;
+        g.dtype = dt;
+        if (dt == DType::BF16) g.c_dtype = cdt;
+        g.m = m, g.n = n, g.k = k, g.trans_a = ta;
+        g.lda = ta ? m : k, g.ldb = n, g.ldc = n;
+        g.a = A.data(), g.b = B.data();
+        Buf C(cdt, m * n), C_plain(cdt, m * n), db(cdt, m);
+        g.c = C_plain.data();
+        cpu::gemm(g);
+        g.c = C.data();
+        g.bias_grad = db.data();
+        cpu::gemm(g);
+        EXPECT_EQ(C.bytes, C_plain.bytes) << "bias_grad changed C";
+        std::vector<double> ref(m, 0.0), got(m);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t p = 0; p < k; ++p) ref[i] += A.get(ta ? p * m + i : i * k + p);
+          got[i] = db.get(i);
+        }
+        if (k == 0)
+          EXPECT_EQ(got, ref);
+        else
+          EXPECT_LT(rel_err(got, ref), tol(cdt));
+      }
+}
+
 TEST(GemmCpu, Errors) {
   std::vector<float> buf(64, 1.0f);
   GemmArgs g;
@@ -208,6 +246,18 @@ TEST(GemmCpu, Errors) {
   expect_error([&] { cpu::gemm(g); }, "gemm: f32 into f64 is not supported");
   g.c_dtype = DType::BF16;  // narrower: not supported either
   expect_error([&] { cpu::gemm(g); }, "not supported");
+  // bias_grad: no epilogue, one batch item, no padding in A.
+  g.c_dtype.reset();
+  g.bias_grad = buf.data() + 48;
+  g.epilogue = Epilogue::Bias;
+  expect_error([&] { cpu::gemm(g); }, "gemm: bias_grad needs Epilogue::None and one batch item");
+  g.epilogue = Epilogue::None;
+  g.batch = 2;
+  g.stride_a = g.stride_b = g.stride_c = 4;
+  expect_error([&] { cpu::gemm(g); }, "one batch item");
+  g.batch = 1;
+  g.lda = 3;
+  expect_error([&] { cpu::gemm(g); }, "gemm: bias_grad needs an A without padding (lda 3, expected 2)");
 }
 
 }  // namespace

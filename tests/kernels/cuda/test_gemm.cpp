@@ -7,6 +7,7 @@
 // (Note [3xTF32] in kernels/gemm.h) also runs in pieces that a smaller scratch
 // forces (their choice is checked on the host), is checked against float64,
 // and rounds as the CPU does.
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -295,6 +296,75 @@ TEST(CudaGemm, Bf16OperandsIntoF32MatchesCpu) {
     cuda::gemm(gg, nullptr);
     BT_EXPECT_REL(results(pr, C.to_host(DType::F32, pr.nc)), results(pr, C_ref), 1e-5, "C");
   }
+}
+
+// Note [Fused bias gradient] on the GPU: bias_grad (sum over k of op(A), the
+// bias gradient of a weight-gradient GEMM) from cuBLASLt's BGRADB epilogue or,
+// where it refuses, from the reduction kernel, in every math and for bf16
+// operands into f32, against the CPU (which sums with the reduction). Both
+// layouts of A; GPT-2's weight-gradient shape (A = dY^T over 4096 rows);
+// k = 0 gives zeros; C is what the GEMM without bias_grad writes, and the
+// same call twice gives the same bits.
+TEST(CudaGemm, BiasGradMatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  struct P {
+    DType dt;
+    GemmMath math;
+  };
+  for (const P pr : {P{DType::F32, GemmMath::Strict}, P{DType::F32, GemmMath::Tf32},
+                     P{DType::F32, GemmMath::Tf32x3}, P{DType::BF16, GemmMath::Strict}})
+    for (bool ta : {true, false})
+      for (const std::array<int64_t, 3> mnk :
+           {std::array<int64_t, 3>{768, 256, 4096}, {33, 17, 129}, {5, 7, 0}}) {
+        const int64_t m = mnk[0], n = mnk[1], k = mnk[2];
+        SCOPED_TRACE(
+            bt::cat(pr.dt, " math=", static_cast<int>(pr.math), " ta=", ta, " m=", m, " n=", n, " k=", k));
+        const DType cdt = DType::F32;
+        const HostBuf A = random_buf(pr.dt, std::max<int64_t>(m * k, 1), gen),
+                      B = random_buf(pr.dt, std::max<int64_t>(k * n, 1), gen);
+        GemmArgs g;
+        g.dtype = pr.dt;
+        g.math = pr.math;
+        if (pr.dt == DType::BF16) g.c_dtype = cdt;
+        g.m = m, g.n = n, g.k = k, g.trans_a = ta;
+        g.lda = ta ? m : std::max<int64_t>(k, 1), g.ldb = n, g.ldc = n;
+        HostBuf db_ref(cdt, m), C_ref(cdt, m * n);
+        GemmArgs gc = g;
+        gc.a = A.data(), gc.b = B.data(), gc.c = C_ref.data(), gc.bias_grad = db_ref.data();
+        cpu::gemm(gc);
+        DevBuf dA(A), dB(B), dC(static_cast<size_t>(m * n) * 4), dC_plain(static_cast<size_t>(m * n) * 4),
+            db(static_cast<size_t>(m) * 4), db2(static_cast<size_t>(m) * 4),
+            scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * 4);
+        g.a = dA.get(), g.b = dB.get();
+        g.c = dC_plain.get();
+        cuda::gemm(g, nullptr, scratch.as<float>());
+        g.c = dC.get();
+        g.bias_grad = db.get();
+        cuda::gemm(g, nullptr, scratch.as<float>());
+        g.bias_grad = db2.get();
+        cuda::gemm(g, nullptr, scratch.as<float>());
+        const HostBuf got = db.to_host(cdt, m);
+        if (k == 0) {
+          EXPECT_EQ(got.vals(), std::vector<double>(m, 0.0));
+        } else {
+          // f32 sums of k terms in another order: a rounding error of about
+          // sqrt(k) 2^-24 of the sum of |a| per element, 8x that allowed.
+          double abs2 = 0, ref2 = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            double t = 0;
+            for (int64_t p = 0; p < k; ++p) t += std::fabs(A.get(ta ? p * m + i : i * k + p));
+            abs2 += t * t;
+            ref2 += db_ref.get(i) * db_ref.get(i);
+          }
+          const double tol_sum = 8 * std::sqrt(static_cast<double>(k)) * 0x1p-24 * std::sqrt(abs2 / ref2);
+          BT_EXPECT_REL(got.vals(), db_ref.vals(), tol_sum, "bias_grad");
+        }
+        EXPECT_EQ(got.vals(), db2.to_host(cdt, m).vals()) << "bias_grad is not repeatable";
+        EXPECT_EQ(dC.to_host(cdt, m * n).vals(), dC_plain.to_host(cdt, m * n).vals())
+            << "bias_grad changed C";
+      }
 }
 
 /// x with its fp32 mantissa cut to `bits` stored bits: rounded to nearest
