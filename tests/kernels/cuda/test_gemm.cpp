@@ -303,24 +303,20 @@ TEST(CudaGemm, Bf16OperandsIntoF32MatchesCpu) {
 // where it refuses, from the reduction kernel, in every math and for bf16
 // operands into f32, against the CPU (which sums with the reduction). Both
 // layouts of A; GPT-2's weight-gradient shape (A = dY^T over 4096 rows);
-// k = 0 gives zeros; C is what the GEMM without bias_grad writes, and the
-// same call twice gives the same bits.
+// k = 0 gives zeros; C stays within the GEMM's tolerance of the CPU's (the
+// fused epilogue may take another cuBLASLt kernel than the plain product,
+// whose C then differs in the last bits: seen for bf16 into f32 at 33 x 17 x
+// 129 on an H100), and the same call twice gives the same bits.
 TEST(CudaGemm, BiasGradMatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
   BT_SEED(seed);
   std::mt19937 gen(seed);
-  struct P {
-    DType dt;
-    GemmMath math;
-  };
-  for (const P pr : {P{DType::F32, GemmMath::Strict}, P{DType::F32, GemmMath::Tf32},
-                     P{DType::F32, GemmMath::Tf32x3}, P{DType::BF16, GemmMath::Strict}})
+  for (const Precision& pr : kPrecisions)
     for (bool ta : {true, false})
       for (const std::array<int64_t, 3> mnk :
            {std::array<int64_t, 3>{768, 256, 4096}, {33, 17, 129}, {5, 7, 0}}) {
         const int64_t m = mnk[0], n = mnk[1], k = mnk[2];
-        SCOPED_TRACE(
-            bt::cat(pr.dt, " math=", static_cast<int>(pr.math), " ta=", ta, " m=", m, " n=", n, " k=", k));
+        SCOPED_TRACE(bt::cat(pr.name, " ta=", ta, " m=", m, " n=", n, " k=", k));
         const DType cdt = DType::F32;
         const HostBuf A = random_buf(pr.dt, std::max<int64_t>(m * k, 1), gen),
                       B = random_buf(pr.dt, std::max<int64_t>(k * n, 1), gen);
@@ -334,16 +330,13 @@ TEST(CudaGemm, BiasGradMatchesCpu) {
         GemmArgs gc = g;
         gc.a = A.data(), gc.b = B.data(), gc.c = C_ref.data(), gc.bias_grad = db_ref.data();
         cpu::gemm(gc);
-        DevBuf dA(A), dB(B), dC(static_cast<size_t>(m * n) * 4), dC_plain(static_cast<size_t>(m * n) * 4),
+        DevBuf dA(A), dB(B), dC(static_cast<size_t>(m * n) * 4), dC2(static_cast<size_t>(m * n) * 4),
             db(static_cast<size_t>(m) * 4), db2(static_cast<size_t>(m) * 4),
             scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * 4);
         g.a = dA.get(), g.b = dB.get();
-        g.c = dC_plain.get();
+        g.c = dC.get(), g.bias_grad = db.get();
         cuda::gemm(g, nullptr, scratch.as<float>());
-        g.c = dC.get();
-        g.bias_grad = db.get();
-        cuda::gemm(g, nullptr, scratch.as<float>());
-        g.bias_grad = db2.get();
+        g.c = dC2.get(), g.bias_grad = db2.get();
         cuda::gemm(g, nullptr, scratch.as<float>());
         const HostBuf got = db.to_host(cdt, m);
         if (k == 0) {
@@ -362,8 +355,11 @@ TEST(CudaGemm, BiasGradMatchesCpu) {
           BT_EXPECT_REL(got.vals(), db_ref.vals(), tol_sum, "bias_grad");
         }
         EXPECT_EQ(got.vals(), db2.to_host(cdt, m).vals()) << "bias_grad is not repeatable";
-        EXPECT_EQ(dC.to_host(cdt, m * n).vals(), dC_plain.to_host(cdt, m * n).vals())
-            << "bias_grad changed C";
+        const std::vector<double> c = dC.to_host(cdt, m * n).vals();
+        EXPECT_EQ(c, dC2.to_host(cdt, m * n).vals()) << "C is not repeatable";
+        // bf16 operands into an f32 C: exact products, f32's tolerance.
+        const double c_tol = pr.dt == DType::BF16 ? 1e-5 : tolerance(pr, k, m * n);
+        if (k > 0) BT_EXPECT_REL(c, C_ref.vals(), c_tol, "C");
       }
 }
 
