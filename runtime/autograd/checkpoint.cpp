@@ -11,9 +11,9 @@ namespace bt::autograd {
 // The forward of a region runs twice: once without a graph (its output goes
 // on), once in backward with one (its activations feed the gradients). The
 // gradients are those of the first run only if both runs produce the same
-// bits, so nothing inside may depend on whether a graph is recorded: ops
-// choose their kernels by the recompute mode, never by grad mode (Linear's
-// GELU runs as its own kernel under any recompute, runtime/ops/matmul.cpp),
+// bits, so nothing inside may depend on whether a graph is recorded: under
+// full recompute ops choose their kernels by the mode, never by grad mode
+// (Linear's GELU is its own kernel either way, runtime/ops/matmul.cpp),
 // and a region draws no random numbers (GPT has no dropout; one with dropout
 // must replay its generator state). The rerun uses the recompute mode the
 // region was first run under, so selective tagging still trims the rerun's

@@ -210,10 +210,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   const bool need_grad = autograd::any_requires_grad({&x, &w, &bias});
   // The GEMM's GELU epilogue and the GELU kernel may differ in the last bits,
   // and a recompute must rebuild the very values the forward used (Note
-  // [Selective recompute]; under full recompute the forward runs once without
-  // and once with a graph, which must agree): under recompute, GELU is its own
-  // kernel whether or not a graph is recorded.
-  if (act == Activation::Gelu && autograd::recompute_mode() != Recompute::None)
+  // [Selective recompute]): GELU is its own kernel when selective recompute
+  // records a graph, and under full recompute always, since a checkpointed
+  // block runs once without and once with a graph, which must agree (Note
+  // [Checkpointed regions]). Evaluation under selective keeps the epilogue.
+  const Recompute rc = autograd::recompute_mode();
+  if (act == Activation::Gelu && (rc == Recompute::Full || (rc == Recompute::Selective && need_grad)))
     return gelu(linear(x, w, bias));
   const int64_t in = w.size(1), out = w.size(0);
   Tensor x2 = x.reshape({-1, in}).contiguous();

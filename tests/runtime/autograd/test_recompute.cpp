@@ -68,6 +68,34 @@ TEST(Recompute, EveryModeGivesTheGradientsOfTheForward) {
       EXPECT_NEAR(sel[i][j], plain[i][j], 0.03 * (1 + std::fabs(plain[i][j]))) << i << "," << j;
 }
 
+// Which GELU a Linear runs: its own kernel when selective recompute records a
+// graph and always under full (a checkpointed block runs with and without a
+// graph and must agree), the GEMM's epilogue otherwise. The CPU's bf16
+// epilogue applies GELU before rounding the pre-activation, the kernel after,
+// so the two are told apart by their bits.
+TEST(Recompute, GeluRunsAsItsOwnKernelOnlyWhereARecomputeNeedsIt) {
+  Mlp m(DType::BF16);
+  Generator g(5);
+  Tensor x = normal({6, 8}, 0.0, 1.0, TensorOptions{DType::F32}, &g).to(DType::BF16);
+  auto run = [&](Recompute mode, bool graph) {
+    RecomputeGuard guard(mode);
+    GradModeGuard grad(graph);
+    return linear(x, m.w1, m.b1, Activation::Gelu).to_vector<float>();
+  };
+  std::vector<float> fused, own;
+  {
+    NoGradGuard no_grad;
+    fused = linear(x, m.w1, m.b1, Activation::Gelu).to_vector<float>();
+    own = gelu(linear(x, m.w1, m.b1)).to_vector<float>();
+  }
+  ASSERT_NE(fused, own) << "the case must tell the two apart";
+  EXPECT_EQ(run(Recompute::None, true), fused);
+  EXPECT_EQ(run(Recompute::Selective, false), fused) << "evaluation keeps the epilogue";
+  EXPECT_EQ(run(Recompute::Selective, true), own);
+  EXPECT_EQ(run(Recompute::Full, false), own);
+  EXPECT_EQ(run(Recompute::Full, true), own);
+}
+
 // What selective saves: the LayerNorm output the Linear reads is freed once
 // the forward drops it (the Linear keeps a recipe); without recompute the
 // Linear keeps it alive until backward.
