@@ -214,9 +214,10 @@ int run_bench(int argc, char** argv) {
           shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, ref_p, B, T, steps, warmup,
           shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu", m == "compile" ? " --compile" : "",
           r["reference-args"].as<std::string>())));
+    const auto mfu = peak_flops(dev, parse_precision(p));
+    const double fpt = c.model.flops_per_token(T);
     for (const std::string& rc : recompute_modes) {
       c.train.recompute = rc;
-      c.train.precision = p;
       const std::string mode(recompute_name(c.recompute()));
       std::printf(
           "blutrain: %s %s, recompute %s, micro-batch %lld x %lld, %lld timed steps after %lld warmup...\n",
@@ -225,8 +226,6 @@ int run_bench(int argc, char** argv) {
       std::fflush(stdout);
       const Side ours = run_blutrain(c, warmup, steps);
       if (dev.is_cuda()) cuda_empty_cache(dev.index);
-      const auto mfu = peak_flops(dev, parse_precision(p));
-      const double fpt = c.model.flops_per_token(T);
       nlohmann::ordered_json j;
       j["precision"] = p;
       if (!modes.empty()) j["reference_precision"] = ref_p;

@@ -8,14 +8,10 @@ namespace {
 
 /// `geometry`'s view (shape, strides, offset, dtype) over `storage`.
 Tensor view_over(const Tensor& geometry, std::shared_ptr<Storage> storage, const Stream& stream) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(storage);
-  impl->shape = geometry.shape();
-  impl->strides = geometry.strides();
-  impl->offset = geometry.offset();
-  impl->dtype = geometry.dtype();
-  impl->stream = stream;
-  return Tensor(std::move(impl));
+  Tensor t = geometry.detach();
+  t.impl()->storage = std::move(storage);
+  t.impl()->stream = stream;
+  return t;
 }
 
 }  // namespace
