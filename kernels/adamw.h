@@ -8,7 +8,11 @@
 //   p -= lr * (m / bias1 / (sqrt(v / bias2) + eps) + weight_decay * p)
 //
 // bias1 = 1 - beta1^step and bias2 = 1 - beta2^step are passed in, so one
-// launch can serve buffers that share a step count.
+// launch can serve buffers that share a step count. lr, bias1, bias2 and
+// grad_scale are either values here or, when `hyper` / `scale` are set, read
+// by the kernel from memory on the kernel's device (host memory for the CPU
+// kernel): a captured CUDA graph replays with the values of each step (Note
+// [Step scalars] in runtime/optim/adamw.h).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +33,9 @@ struct AdamWArgs {
   int64_t n = 0;
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   float bias1 = 1, bias2 = 1, grad_scale = 1;
-  void* param_copy = nullptr;  // optional
+  const float* hyper = nullptr;  // optional: {lr, bias1, bias2}, replacing the fields above
+  const float* scale = nullptr;  // optional: grad_scale
+  void* param_copy = nullptr;    // optional
   DType copy_dt = DType::BF16;
 };
 

@@ -7,6 +7,10 @@
 // sums are added in chunk order (in double). The result depends on neither
 // the device nor the launch timing. CUDA only: the CPU path composes the
 // existing mul and sum ops (runtime/ops/reduce.h).
+//
+// clip_scale turns the sum into the clipping factor on the device, so an
+// optimizer step needs no host read of the norm (Note [Step scalars] in
+// runtime/optim/adamw.h): the CPU and CUDA versions compute the same doubles.
 #pragma once
 
 #include <cstddef>
@@ -26,8 +30,17 @@ struct SquaresInput {
   int64_t n = 0;
 };
 
+/// From a global sum of squares (one F32 or F64 value): out[0] = the norm,
+/// sqrt(sum) in double rounded to float; out[1] = the clipping factor
+/// min(1, max_norm / (norm + 1e-6)) in double rounded to float, or 1 when
+/// max_norm <= 0 (clipping off). As runtime/optim/clip.h's clip_coefficient.
+namespace cpu {
+void clip_scale(const void* sumsq, DType dt, double max_norm, float* out);
+}  // namespace cpu
+
 #ifdef BT_CUDA
 namespace cuda {
+void clip_scale(const void* sumsq, DType dt, double max_norm, float* out, cudaStream_t stream);
 /// Floats of scratch that sum_squares needs for these inputs (one per chunk).
 size_t sum_squares_scratch_floats(const SquaresInput* xs, int count);
 /// out[0] (one device float) = sum over i < count, j < xs[i].n of xs[i][j]^2,

@@ -69,7 +69,10 @@ Side run_reference(const std::string& cmd) {
 Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   c.train.steps = warmup + steps;
   train::Trainer tr(c);
-  for (int64_t i = 0; i < warmup; ++i) tr.step();
+  for (int64_t i = 0; i < warmup; ++i) {
+    tr.step();
+    if (const std::string n = tr.take_notice(); !n.empty()) std::printf("blutrain: %s\n", n.c_str());
+  }
   profile_reset();
   double seconds = 0;
   int64_t tokens = 0;
@@ -132,8 +135,10 @@ int run_bench(int argc, char** argv) {
       "recompute",
       "comma-separated train.recompute modes to measure BluTrain in: auto (selective under bf16, else none), "
       "none, selective, full",
-      cli::value<std::string>()->default_value("auto"))("device", "cuda, cuda:N or cpu",
-                                                        cli::value<std::string>()->default_value("auto"))(
+      cli::value<std::string>()->default_value("auto"))(
+      "cuda-graph", "train.cuda_graph settings to measure BluTrain with: on, off or both",
+      cli::value<std::string>()->default_value("on"))("device", "cuda, cuda:N or cpu",
+                                                      cli::value<std::string>()->default_value("auto"))(
       "reference", "PyTorch references to measure: eager, compile (torch.compile), both or none",
       cli::value<std::string>()->default_value("both"))(
       "reference-script", "the PyTorch reference script",
@@ -201,6 +206,12 @@ int run_bench(int argc, char** argv) {
     recompute_modes.push_back(m);
   }
   BT_CHECK(!recompute_modes.empty(), "blutrain bench --recompute: name at least one mode");
+  const std::string graph_opt = r["cuda-graph"].as<std::string>();
+  BT_CHECK(graph_opt == "on" || graph_opt == "off" || graph_opt == "both",
+           "blutrain bench --cuda-graph: use on, off or both, got '", graph_opt, "'");
+  std::vector<bool> graph_modes;
+  if (graph_opt != "off") graph_modes.push_back(true);
+  if (graph_opt != "on") graph_modes.push_back(false);
   std::stringstream precs(r["precision"].as<std::string>());
   for (std::string p; std::getline(precs, p, ',');) {
     parse_precision(p);
@@ -216,13 +227,17 @@ int run_bench(int argc, char** argv) {
           r["reference-args"].as<std::string>())));
     const auto mfu = peak_flops(dev, parse_precision(p));
     const double fpt = c.model.flops_per_token(T);
-    for (const std::string& rc : recompute_modes) {
-      c.train.recompute = rc;
+    for (size_t run = 0; run < recompute_modes.size() * graph_modes.size(); ++run) {
+      c.train.recompute = recompute_modes[run / graph_modes.size()];
+      c.train.cuda_graph = graph_modes[run % graph_modes.size()];
       const std::string mode(recompute_name(c.recompute()));
       std::printf(
-          "blutrain: %s %s, recompute %s, micro-batch %lld x %lld, %lld timed steps after %lld warmup...\n",
-          preset.c_str(), p.c_str(), mode.c_str(), static_cast<long long>(B), static_cast<long long>(T),
-          static_cast<long long>(steps), static_cast<long long>(warmup));
+          "blutrain: %s %s, recompute %s, CUDA graph %s, micro-batch %lld x %lld, %lld timed steps after "
+          "%lld "
+          "warmup...\n",
+          preset.c_str(), p.c_str(), mode.c_str(), c.train.cuda_graph ? "on" : "off",
+          static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
+          static_cast<long long>(warmup));
       std::fflush(stdout);
       const Side ours = run_blutrain(c, warmup, steps);
       if (dev.is_cuda()) cuda_empty_cache(dev.index);
@@ -230,7 +245,9 @@ int run_bench(int argc, char** argv) {
       j["precision"] = p;
       if (!modes.empty()) j["reference_precision"] = ref_p;
       j["recompute"] = mode;
-      const std::string label = mode == "none" ? p : p + " (" + mode + ")";
+      j["cuda_graph"] = c.train.cuda_graph;
+      std::string label = mode == "none" ? p : p + " (" + mode + ")";
+      if (graph_modes.size() > 1) label += c.train.cuda_graph ? " graph" : " eager";
       j["blutrain_tokens_per_s"] = ours.tokens_per_s;
       j["blutrain_step_ms"] = ours.step_ms;
       j["blutrain_peak_mem_bytes"] = ours.peak_mem;

@@ -136,7 +136,7 @@ std::string Checkpointer::save() {
   NoGradGuard ng;
   std::function<void()> before;
   if (side_) {
-    stream_wait(*side_, Stream::current(tr_.device()));  // after this step's update
+    stream_wait(*side_, tr_.stream());  // after this step's update
     StreamGuard g(*side_);
     for (dist::StatePiece& p : r.pieces) p.data = p.data.to(Device::cpu(), /*non_blocking=*/true);
     tr_.hold_updates_until(*side_);

@@ -61,6 +61,8 @@ const std::vector<Key>& keys() {
       BT_KEY("train.recompute", train.recompute,
              "auto | none | selective | full: activations backward rebuilds instead of keeping "
              "(auto: selective under bf16, else none)"),
+      BT_KEY("train.cuda_graph", train.cuda_graph,
+             "CUDA: after two eager steps, capture the step as a CUDA graph and replay it (one process)"),
       BT_KEY("train.seed", train.seed, "seed of the init, the data order and sampling"),
       BT_KEY("train.eval_every", train.eval_every, "steps between validation passes (0: at the end only)"),
       BT_KEY("train.eval_batches", train.eval_batches, "micro-batches per validation pass"),

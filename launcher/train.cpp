@@ -175,6 +175,7 @@ int run_train(int argc, char** argv) {
   for (int64_t i = start.step; i < last_step && stopped_at == 0; ++i) {
     beat.beat(fmt::format("training step {} of {}", i + 1, t.steps));
     const train::StepStats s = tr.step();
+    if (const std::string n = tr.take_notice(); !n.empty()) progress.print(n);
     progress.on_step(s);
     last_loss = s.loss;
     BT_CHECK(std::isfinite(s.loss), "training diverged: the loss at step ", s.step, " is ", s.loss,

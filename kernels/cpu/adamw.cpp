@@ -15,15 +15,16 @@ void adamw_impl(const AdamWArgs& a, const G* grad, C* copy) {
   float* m = a.m;
   float* v = a.v;
   const float b1 = a.beta1, b2 = a.beta2, one_b1 = 1.0f - a.beta1, one_b2 = 1.0f - a.beta2;
+  const float lr = a.hyper ? a.hyper[0] : a.lr, bias1 = a.hyper ? a.hyper[1] : a.bias1;
+  const float bias2 = a.hyper ? a.hyper[2] : a.bias2, scale = a.scale ? *a.scale : a.grad_scale;
   parallel_for(0, a.n, int64_t{1} << 14, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const float g = static_cast<float>(detail::load(grad, i)) * a.grad_scale;
+      const float g = static_cast<float>(detail::load(grad, i)) * scale;
       const float mi = b1 * m[i] + one_b1 * g;
       const float vi = b2 * v[i] + one_b2 * (g * g);
       m[i] = mi;
       v[i] = vi;
-      const float pi =
-          p[i] - a.lr * (mi / a.bias1 / (std::sqrt(vi / a.bias2) + a.eps) + a.weight_decay * p[i]);
+      const float pi = p[i] - lr * (mi / bias1 / (std::sqrt(vi / bias2) + a.eps) + a.weight_decay * p[i]);
       p[i] = pi;
       if constexpr (!std::is_void_v<C>) detail::store(copy, i, pi);
     }

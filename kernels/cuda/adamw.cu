@@ -12,7 +12,20 @@ using namespace detail;
 
 struct Hyper {
   float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, wd, bias1, bias2, grad_scale;
+  const float* dyn;        // optional {lr, bias1, bias2} in device memory
+  const float* dyn_scale;  // optional grad_scale in device memory
 };
+
+/// `h` with the values a CUDA graph replay supplies read from device memory.
+__device__ __forceinline__ Hyper resolve(Hyper h) {
+  if (h.dyn != nullptr) {
+    h.lr = h.dyn[0];
+    h.bias1 = h.dyn[1];
+    h.bias2 = h.dyn[2];
+  }
+  if (h.dyn_scale != nullptr) h.grad_scale = *h.dyn_scale;
+  return h;
+}
 
 __device__ __forceinline__ void adam_update(float& p, float& m, float& v, float g, const Hyper& h) {
   g = g * h.grad_scale;
@@ -28,7 +41,8 @@ struct NoCopy {};
 template <typename G, typename C, bool kVec>
 __global__ void __launch_bounds__(256)
     adamw_kernel(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                 C* __restrict__ copy, int64_t n, Hyper h) {
+                 C* __restrict__ copy, int64_t n, Hyper given) {
+  const Hyper h = resolve(given);
   constexpr bool kCopy = !std::is_same_v<C, NoCopy>;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -109,8 +123,8 @@ void adamw(const AdamWArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
   BT_CHECK(a.param != nullptr && a.grad != nullptr && a.m != nullptr && a.v != nullptr,
            "cuda adamw: param, grad, m and v must all be non-null");
-  const Hyper h{a.lr,  a.beta1,        a.beta2, 1.0f - a.beta1, 1.0f - a.beta2,
-                a.eps, a.weight_decay, a.bias1, a.bias2,        a.grad_scale};
+  const Hyper h{a.lr,           a.beta1, a.beta2, 1.0f - a.beta1, 1.0f - a.beta2, a.eps,
+                a.weight_decay, a.bias1, a.bias2, a.grad_scale,   a.hyper,        a.scale};
   switch (a.grad_dt) {
     case DType::F32:
       dispatch_copy<float>(a, h, stream);

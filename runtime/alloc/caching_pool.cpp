@@ -37,6 +37,20 @@
 //   may reference several times, is never deleted by a neighbour's free. It is
 //   freed (and possibly deleted by merging) only after its last event is
 //   processed, when pending_ no longer references it.
+//
+// Note [Allocation under capture]
+//   While a CUDA graph is captured (capture_underway()), nothing is run: the
+//   work is recorded. A block freed during the capture is reused by a later
+//   request of the same stream, in the captured order, which is the order the
+//   graph replays in, so that stays safe. Because blocks belong to their
+//   stream, the Trainer's step stream is the graph's private pool: the blocks
+//   the graph uses between its nodes stay free in the pool after the capture
+//   but only requests on that stream, which after the capture runs nothing
+//   but replays, could take them. What a capture must not do is touch events
+//   (querying one recorded by the capture is an error) or synchronize: the
+//   pool skips its lazy event collection, refuses to free a block another
+//   stream used (that needs an event), and its out-of-memory path, which
+//   synchronizes, fails with a message instead.
 
 #include "runtime/alloc/caching_pool.h"
 
@@ -44,6 +58,7 @@
 #include <tuple>
 
 #include "kernels/common/error.h"
+#include "runtime/core/cuda_graph.h"
 
 namespace bt {
 namespace {
@@ -114,7 +129,7 @@ void* CachingPool::allocate(size_t nbytes, uintptr_t stream) {
            ": the request is larger than any device memory (a negative size converted to size_t?)");
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocs;
-  process_events();
+  if (!capture_underway()) process_events();  // Note [Allocation under capture]
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallSize;
   Block* b = find_free(size, small, stream);
@@ -139,6 +154,9 @@ bool CachingPool::deallocate_if_owned(void* p) {
     free_block(b);  // reusable by its own stream at once (stream order)
     return true;
   }
+  BT_CHECK(!capture_underway(), "freeing a ", format_bytes(b->size), " block on ", backing_.name(),
+           " that another stream used (record_stream) while a CUDA graph is captured; this step cannot be "
+           "captured: set train.cuda_graph: false");
   std::vector<uintptr_t> uses;
   uses.swap(b->stream_uses);
   b->state = BlockState::kPending;
@@ -222,6 +240,11 @@ CachingPool::Block* CachingPool::new_segment(size_t size, bool small, uintptr_t 
   size_t seg = segment_size(size);
   void* p = backing_.raw_alloc(seg);
   if (p == nullptr) {
+    BT_CHECK(!capture_underway(), "out of memory on ", backing_.name(),
+             " while a CUDA graph is captured: ", format_bytes(nbytes), " requested with ",
+             format_bytes(stats_.allocated), " allocated and ", format_bytes(stats_.reserved),
+             " reserved; set train.cuda_graph: false, or reduce "
+             "train.micro_batch");
     // Out of memory. Blocks waiting on events may be all we need.
     backing_.synchronize();
     process_events();

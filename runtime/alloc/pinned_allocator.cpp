@@ -18,6 +18,7 @@
 
 #include "kernels/common/error.h"
 #include "runtime/alloc/caching_pool.h"
+#include "runtime/core/cuda_graph.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
 #ifdef BT_CUDA
@@ -80,6 +81,11 @@ class PinnedAllocator final : public Allocator {
       cache(ptr, b);
       return;
     }
+    // An event recorded by a capture could never be waited for (Note
+    // [Allocation under capture] in runtime/alloc/caching_pool.cpp).
+    BT_CHECK(!capture_underway(),
+             "freeing pinned host memory that a CUDA stream used while a CUDA graph is "
+             "captured; this step cannot be captured: set train.cuda_graph: false");
     b.state = State::kPending;
     std::vector<Stream> uses;
     uses.swap(b.uses);

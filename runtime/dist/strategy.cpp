@@ -1,11 +1,14 @@
 #include "runtime/dist/strategy.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "runtime/autograd/grad_mode.h"
 #include "runtime/dist/ddp.h"
 #include "runtime/dist/zero.h"
 #include "runtime/dist/zero3.h"
 #include "runtime/optim/clip.h"
+#include "runtime/tensor/factory.h"
 
 namespace bt::dist {
 namespace {
@@ -37,11 +40,10 @@ class LocalStrategy : public Strategy {
   void zero_grad() override { opt_->zero_grad(/*set_to_none=*/true); }  // Note [Stealing the gradient]
   void before_backward(bool) override {}
   void after_backward() override {}
-  double grad_norm() override { return global_grad_norm(params_); }
-  void step(double lr, double scale) override {
-    opt_->set_lr(lr);
-    opt_->step(scale);
-  }
+  Tensor grad_sum_squares() override { return bt::grad_sum_squares(params_, device()); }
+  AdamW::StepScalars advance(double lr) override { return opt_->advance(lr); }
+  void apply_step(const Tensor& hyper, const Tensor& scale) override { opt_->apply(hyper, scale); }
+  Device device() const override { return params_[0].device(); }
   uint64_t optimizer_state_bytes() const override { return 2 * f32_bytes(params_); }
   uint64_t gradient_bytes() const override { return f32_bytes(params_); }
   uint64_t parameter_bytes() const override { return f32_bytes(params_); }
@@ -100,6 +102,25 @@ class DdpStrategy : public LocalStrategy {
 };
 
 }  // namespace
+
+double Strategy::grad_norm() {
+  NoGradGuard ng;
+  return std::sqrt(grad_sum_squares().to(DType::F64).item<double>());
+}
+
+void Strategy::step(double lr, double grad_scale) {
+  const AdamW::StepScalars h = advance(lr);
+  const TensorOptions o{DType::F32, device()};
+  apply_step(from_vector<float>({h.lr, h.bias1, h.bias2}, {3}, o),
+             from_vector<float>({static_cast<float>(grad_scale)}, {1}, o));
+}
+
+Tensor sharded_sum_squares(const std::vector<Tensor>& pieces, const Device& device, ProcessGroup& pg) {
+  NoGradGuard ng;
+  Tensor sq = bt::grad_sum_squares(pieces, device).to(DType::F64);
+  pg.all_reduce(sq, ReduceOp::Sum);
+  return sq;
+}
 
 StatePiece state_piece(const char* kind, const ParamSpec& p, int64_t begin, const Tensor& data) {
   return StatePiece{cat(kind, "/", p.name), p.param.shape(), begin, begin + data.numel(), data};

@@ -4,8 +4,11 @@
 //   zero_grad()
 //   for each micro-step j of A: before_backward(j == A - 1); loss.backward()
 //   after_backward()            gradients averaged over ranks (all, or this rank's shard)
-//   norm = grad_norm()          global L2 norm, the same on every rank
-//   step(lr, clip coefficient)  AdamW; parameters equal on every rank afterwards
+//   sq = grad_sum_squares()     global sum of squares, the same on every rank
+//   h = advance(lr)             host: AdamW's count, lr and bias corrections
+//   apply_step(h, clip factor)  device: AdamW; parameters equal on every rank afterwards
+// (the last three are step() split for CUDA graphs: Note [Step scalars] in
+// runtime/optim/adamw.h)
 //
 // Strategies (dist.strategy; docs/distributed.md has the buffer layouts):
 //   local  one process: AdamW over the parameters
@@ -68,9 +71,23 @@ class Strategy {
   virtual void zero_grad() = 0;
   virtual void before_backward(bool last_micro_step) = 0;
   virtual void after_backward() = 0;
-  virtual double grad_norm() = 0;
-  /// AdamW with learning rate `lr` on the gradients times `grad_scale`.
-  virtual void step(double lr, double grad_scale) = 0;
+  /// The global sum of squares of the gradients (after after_backward), the
+  /// same on every rank: one F32 or F64 value on this rank's device. No host
+  /// read (Note [Step scalars] in runtime/optim/adamw.h).
+  virtual Tensor grad_sum_squares() = 0;
+  /// The host half of a step: AdamW's count, and its scalars for `lr`.
+  virtual AdamW::StepScalars advance(double lr) = 0;
+  /// The device half: AdamW reading {lr, bias1, bias2} from `hyper` and the
+  /// gradients' multiplier from `grad_scale` (AdamW::apply), then what the
+  /// strategy does after an update (gathers, releases). No host read.
+  virtual void apply_step(const Tensor& hyper, const Tensor& grad_scale) = 0;
+  /// The device this rank's parameters live on.
+  virtual Device device() const = 0;
+
+  /// sqrt(grad_sum_squares()), read back to the host.
+  double grad_norm();
+  /// advance(lr) and apply_step() with the multiplier `grad_scale` (tests, tools).
+  void step(double lr, double grad_scale);
   /// Bytes of optimizer state this rank holds (AdamW m and v).
   virtual uint64_t optimizer_state_bytes() const = 0;
   /// Bytes of gradient buffers this rank holds between steps.
@@ -105,6 +122,10 @@ struct StrategyOptions {
 /// Appends `t` to the AdamW group with weight decay `wd`, creating the group
 /// on first use (groups stay in order of first appearance).
 void add_to_group(std::vector<AdamW::Group>& groups, const Tensor& t, double wd);
+
+/// The sum of squares of the gradients of `pieces` (this rank's shards) over
+/// all ranks of `pg`: each rank's f32 sum, added in f64 by an all_reduce.
+Tensor sharded_sum_squares(const std::vector<Tensor>& pieces, const Device& device, ProcessGroup& pg);
 
 /// `params`: the model's parameters in forward order (f32 leaves on one
 /// device). `pg` may be null only for "local". Throws bt::Error for an

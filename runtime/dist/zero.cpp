@@ -84,17 +84,12 @@ void ZeroStrategy::after_backward() {
   }
 }
 
-double ZeroStrategy::grad_norm() {
-  const double local = global_grad_norm(pieces_);
-  Tensor sq =
-      full({1}, local * local, TensorOptions{}.with_dtype(DType::F64).with_device(flat_param_.device()));
-  pg_->all_reduce(sq, ReduceOp::Sum);
-  return std::sqrt(sq.item<double>());
-}
+Tensor ZeroStrategy::grad_sum_squares() { return sharded_sum_squares(pieces_, device(), *pg_); }
 
-void ZeroStrategy::step(double lr, double grad_scale) {
-  opt_->set_lr(lr);
-  opt_->step(grad_scale);
+Device ZeroStrategy::device() const { return flat_param_.device(); }
+
+void ZeroStrategy::apply_step(const Tensor& hyper, const Tensor& grad_scale) {
+  opt_->apply(hyper, grad_scale);
   pg_->all_gather(shard_of(flat_param_), flat_param_);
   flat_param_.bump_version();
 }

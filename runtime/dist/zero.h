@@ -31,8 +31,10 @@ class ZeroStrategy : public Strategy {
   void zero_grad() override;
   void before_backward(bool) override {}
   void after_backward() override;
-  double grad_norm() override;
-  void step(double lr, double grad_scale) override;
+  Tensor grad_sum_squares() override;
+  AdamW::StepScalars advance(double lr) override { return opt_->advance(lr); }
+  void apply_step(const Tensor& hyper, const Tensor& grad_scale) override;
+  Device device() const override;
   uint64_t optimizer_state_bytes() const override;
   uint64_t gradient_bytes() const override;
   uint64_t parameter_bytes() const override { return static_cast<uint64_t>(padded_) * sizeof(float); }

@@ -234,17 +234,12 @@ void Zero3Strategy::after_backward() {
   reductions_.clear();
 }
 
-double Zero3Strategy::grad_norm() {
-  const double local = global_grad_norm(pieces_);
-  Tensor sq =
-      full({1}, local * local, TensorOptions{}.with_dtype(DType::F64).with_device(units_[0].master.device()));
-  pg_->all_reduce(sq, ReduceOp::Sum);
-  return std::sqrt(sq.item<double>());
-}
+Tensor Zero3Strategy::grad_sum_squares() { return sharded_sum_squares(pieces_, device(), *pg_); }
 
-void Zero3Strategy::step(double lr, double grad_scale) {
-  opt_->set_lr(lr);
-  opt_->step(grad_scale);
+Device Zero3Strategy::device() const { return units_[0].master.device(); }
+
+void Zero3Strategy::apply_step(const Tensor& hyper, const Tensor& grad_scale) {
+  opt_->apply(hyper, grad_scale);
   for (Unit& u : units_) {  // gathered values are stale now
     release(u);
     storage_of(u.full).release();

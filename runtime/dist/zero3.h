@@ -52,8 +52,10 @@ class Zero3Strategy : public Strategy, public nn::WeightSource {
   void zero_grad() override;
   void before_backward(bool last_micro_step) override { last_ = last_micro_step; }
   void after_backward() override;
-  double grad_norm() override;
-  void step(double lr, double grad_scale) override;
+  Tensor grad_sum_squares() override;
+  AdamW::StepScalars advance(double lr) override { return opt_->advance(lr); }
+  void apply_step(const Tensor& hyper, const Tensor& grad_scale) override;
+  Device device() const override;
   uint64_t optimizer_state_bytes() const override;
   uint64_t gradient_bytes() const override { return shard_bytes(); }
   uint64_t parameter_bytes() const override { return shard_bytes(); }

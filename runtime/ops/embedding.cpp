@@ -2,6 +2,7 @@
 
 #include "kernels/embedding.h"
 #include "runtime/autograd/function.h"
+#include "runtime/core/cuda_graph.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/tensor/factory.h"
 
@@ -9,8 +10,12 @@ namespace bt {
 namespace {
 
 /// CUDA: count bad indices on the device; on error, find the first on the host.
+/// Not while a CUDA graph is captured, which cannot read the count back: the
+/// capturing caller checks its ids on the host (the Trainer checks every
+/// batch, Note [Whole-step CUDA graphs] in runtime/train/trainer.cpp).
 void check_indices_cuda(const Tensor& idx, int64_t num) {
 #ifdef BT_CUDA
+  if (capture_underway()) return;
   Tensor bad = empty({1}, TensorOptions{DType::I32, idx.device()});
   detail::on_device(
       idx.device(), [] {},

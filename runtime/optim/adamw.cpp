@@ -35,14 +35,28 @@ std::pair<Tensor, Tensor> AdamW::moments(const Tensor& p) const {
           " is not one of the optimizer's parameters");
 }
 
-void AdamW::step(double grad_scale) {
-  NoGradGuard ng;
+AdamW::StepScalars AdamW::advance(double lr) {
+  BT_CHECK(std::isfinite(lr) && lr >= 0, "AdamW: learning rate must be finite and >= 0, got ", lr);
   ++steps_;
-  const float bias1 = static_cast<float>(1.0 - std::pow(opts_.beta1, static_cast<double>(steps_)));
-  const float bias2 = static_cast<float>(1.0 - std::pow(opts_.beta2, static_cast<double>(steps_)));
+  StepScalars s;
+  s.lr = static_cast<float>(lr);
+  s.bias1 = static_cast<float>(1.0 - std::pow(opts_.beta1, static_cast<double>(steps_)));
+  s.bias2 = static_cast<float>(1.0 - std::pow(opts_.beta2, static_cast<double>(steps_)));
+  return s;
+}
+
+void AdamW::apply(const Tensor& hyper, const Tensor& scale) {
+  NoGradGuard ng;
+  auto check = [](const Tensor& t, int64_t n, const Tensor& p, const char* what) {
+    BT_CHECK(t.defined() && t.dtype() == DType::F32 && t.numel() == n && t.is_contiguous() &&
+                 t.device() == p.device(),
+             "AdamW::apply: ", what, " must be ", n, " contiguous f32 value(s) on ", p.device());
+  };
   for (State& s : state_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
+    check(hyper, 3, s.param, "hyper {lr, bias1, bias2}");
+    check(scale, 1, s.param, "the gradient scale");
     g = g.contiguous();
     BT_CHECK(g.shape() == s.param.shape(), "AdamW: gradient shape ", shape_str(g.shape()),
              " does not match parameter ", shape_str(s.param.shape()));
@@ -53,18 +67,24 @@ void AdamW::step(double grad_scale) {
     a.m = s.m.data<float>();
     a.v = s.v.data<float>();
     a.n = s.param.numel();
-    a.lr = static_cast<float>(opts_.lr);
     a.beta1 = static_cast<float>(opts_.beta1);
     a.beta2 = static_cast<float>(opts_.beta2);
     a.eps = static_cast<float>(opts_.eps);
     a.weight_decay = static_cast<float>(s.weight_decay);
-    a.bias1 = bias1;
-    a.bias2 = bias2;
-    a.grad_scale = static_cast<float>(grad_scale);
+    a.hyper = hyper.data<float>();
+    a.scale = scale.data<float>();
     detail::on_device(
         s.param.device(), [&] { kernels::cpu::adamw(a); }, BT_CUDA_LAMBDA(kernels::cuda::adamw(a, stream)));
     s.param.bump_version();
   }
+}
+
+void AdamW::step(double grad_scale) {
+  const StepScalars h = advance(opts_.lr);
+  if (state_.empty()) return;
+  const TensorOptions o{DType::F32, state_[0].param.device()};
+  apply(from_vector<float>({h.lr, h.bias1, h.bias2}, {3}, o),
+        from_vector<float>({static_cast<float>(grad_scale)}, {1}, o));
 }
 
 void AdamW::zero_grad(bool set_to_none) {

@@ -17,6 +17,20 @@ struct AdamWOptions {
   double weight_decay = 0.0;
 };
 
+// Note [Step scalars]
+// A captured CUDA graph replays its kernels with the arguments they had at
+// capture, so nothing that changes from step to step may be a kernel
+// argument: not the learning rate (the schedule), not AdamW's bias
+// corrections (the step count), not the clipping factor (the gradient norm).
+// So a step has two halves. advance() is host work: it counts the step and
+// computes lr, bias1 and bias2 (the same floats as ever). apply() is device
+// work: the kernels read {lr, bias1, bias2} and the gradient multiplier from
+// device memory. The Trainer writes advance()'s values to pinned staging
+// memory that the step copies to the device (the graph replays that copy,
+// reading the staging memory's contents of the moment), and clip_scale
+// (runtime/optim/clip.h) computes the clipping factor on the device. Eager
+// and replayed steps run the same kernels on the same values: the same bits,
+// and the same bits as before the split.
 class AdamW {
  public:
   /// A set of parameters sharing a weight decay (e.g. matrices vs. biases/norms).
@@ -29,7 +43,19 @@ class AdamW {
   /// One group with opts.weight_decay.
   AdamW(std::vector<Tensor> params, const AdamWOptions& opts);
 
-  /// Updates every parameter that has a gradient. `grad_scale` multiplies the
+  /// One step's learning rate and bias corrections, as the kernels read them.
+  struct StepScalars {
+    float lr = 0, bias1 = 1, bias2 = 1;
+  };
+  /// The host half of a step (Note [Step scalars]): counts it and returns its
+  /// scalars for learning rate `lr`.
+  StepScalars advance(double lr);
+  /// The device half: updates every parameter that has a gradient, reading
+  /// {lr, bias1, bias2} from `hyper` (F32 [3]) and the gradients' multiplier
+  /// from `scale` (F32 [1]), both on the parameters' device. Reads nothing
+  /// back to the host.
+  void apply(const Tensor& hyper, const Tensor& scale);
+  /// advance(lr()) and apply() with those values. `grad_scale` multiplies the
   /// gradients first (gradient clipping / accumulation averaging).
   void step(double grad_scale = 1.0);
   /// Zeroes every gradient in place, or, with `set_to_none`, drops them: the

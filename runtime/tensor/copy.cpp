@@ -6,6 +6,7 @@
 #include "kernels/scatter.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/core/cuda_graph.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/tensor/factory.h"
@@ -40,6 +41,13 @@ Tensor transfer(const Tensor& src, const Device& dst, bool non_blocking) {
   if (bytes == 0) return out;
 #ifdef BT_CUDA
   if (src.device().is_cpu() && dst.is_cuda()) {
+    // A captured copy reads its source again at every replay: only memory
+    // that stays put (pinned, kept by the caller) can be its source.
+    BT_CHECK(
+        !capture_underway() || (src.is_pinned() && non_blocking), "a host-to-device copy of ", bytes,
+        " bytes from ", src.is_pinned() ? "" : "pageable ", "host memory",
+        src.is_pinned() ? " (blocking)" : "",
+        " inside a CUDA graph capture; stage the data in pinned memory and copy it with non_blocking=true");
     DeviceGuard g(dst);
     Stream s = Stream::current(dst);
     auto cs = static_cast<cudaStream_t>(s.handle());
@@ -51,6 +59,9 @@ Tensor transfer(const Tensor& src, const Device& dst, bool non_blocking) {
         BT_CUDA_CHECK(cudaStreamSynchronize(cs));
     }
   } else if (src.is_cuda() && dst.is_cpu()) {
+    BT_CHECK(!capture_underway(),
+             "a device-to-host copy inside a CUDA graph capture (the host cannot read "
+             "what a capture has not run); read results after the step");
     DeviceGuard g(src.device());
     Stream s = Stream::current(src.device());
     auto cs = static_cast<cudaStream_t>(s.handle());

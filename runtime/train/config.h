@@ -33,6 +33,7 @@ struct TrainOptions {
   std::string device = "auto";     // auto | cpu | cuda | cuda:N
   std::string precision = "fp32";  // fp32 | tf32 | fp32x3 | bf16
   std::string recompute = "auto";  // auto | none | selective | full (Note [Recompute defaults])
+  bool cuda_graph = true;  // CUDA: replay each step as one captured graph (Note [Whole-step CUDA graphs])
   uint64_t seed = 1337;
   int64_t eval_every = 100;  // steps; 0 = only at the end (if data.val is set)
   int64_t eval_batches = 20;

@@ -1,7 +1,9 @@
 #include "runtime/train/trainer.h"
 
 #include <chrono>
+#include <cstring>
 
+#include <fmt/format.h>
 #include <sys/resource.h>
 
 #include "kernels/common/error.h"
@@ -15,6 +17,47 @@
 #include "runtime/tensor/factory.h"
 
 namespace bt::train {
+
+// Note [Whole-step CUDA graphs]
+// A GPT-2 step queues about two thousand kernels, many of them short, and the
+// host work around each (autograd, the allocator, argument checks) can leave
+// the GPU idle between them. With train.cuda_graph (the default) and a CUDA
+// device, the Trainer runs its first kEagerSteps steps eagerly, then captures
+// the whole device part of a step -- the batches' host-to-device copies,
+// forward, backward, the gradient norm and clipping factor, AdamW -- as one
+// CUDA graph (runtime/core/cuda_graph.h), and from then on each step is one
+// graph launch. What makes that correct:
+//   - Static inputs. The graph replays the copies it captured, from the same
+//     addresses: each micro-batch is checked and copied on the host into
+//     pinned staging tensors (inputs_, targets_), and AdamW's per-step scalars
+//     into hyper_ (Note [Step scalars] in runtime/optim/adamw.h). The clipping
+//     factor is computed on the device (clip_scale). The loss and norm land in
+//     report_, read back after the step. Eager steps use the same staging,
+//     kernels and values, so they give the same bits as replays.
+//   - Checks on the host. A capture cannot read the device back, so the token
+//     ids are checked here (stage()) and the embedding's device check stands
+//     down during the capture; every target being a real id, cross-entropy's
+//     count of counted rows (baked into the graph) is the same every step.
+//   - A private memory pool. Steps run on the Trainer's own stream; the
+//     caching allocator keeps blocks per stream, so the eager steps warm a
+//     pool that the capture reuses without new segments, and after the
+//     capture only replays run on that stream: nothing else can take the
+//     blocks the graph uses between its nodes (Note [Allocation under
+//     capture] in runtime/alloc/caching_pool.cpp). Work outside steps
+//     (evaluation, checkpoints, sampling) runs on other streams; each step
+//     first waits for them and ends synchronized.
+//   - Host state that does not move. Everything the captured work touches
+//     on the host stays put between replays: parameters, gradients and
+//     optimizer state keep their buffers; the host-side AdamW count advances
+//     in advance(), outside the graph.
+// Not captured, so steps stay eager: jobs of several ranks (collectives and
+// their hooks are not capture-safe yet), BT_PROFILE (it synchronizes inside
+// the step), the CPU. A capture that fails falls back to eager steps with a
+// notice; the switch and the reason are logged (take_notice()).
+
+namespace {
+constexpr int64_t kEagerSteps = 2;  // before the capture: the allocator and cuBLASLt are warm after these
+}  // namespace
 
 Device resolve_device(const std::string& spec, int local_rank) {
   Device d;
@@ -76,30 +119,62 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   strategy_ = dist::make_strategy(so, std::move(ps), pg_);
   model_->set_weight_source(strategy_->weight_source());
   schedule_ = CosineSchedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
-  if (device_.is_cuda()) cuda_reset_peak_stats(device_.index);
+
+  // Staging and streams (Note [Whole-step CUDA graphs]).
+  const bool cuda = device_.is_cuda();
+  stream_ = cuda ? Stream::create(device_) : Stream::current(device_);
+  const TensorOptions host{DType::I32, Device::cpu(), false, /*pinned=*/cuda};
+  for (int64_t j = 0; j < accum_; ++j) {
+    inputs_.push_back(empty({t.micro_batch, T}, host));
+    targets_.push_back(empty({t.micro_batch, T}, host));
+  }
+  hyper_ = empty({3}, TensorOptions{DType::F32, Device::cpu(), false, cuda});
+  report_ = zeros({2}, TensorOptions{DType::F32, device_});
+  if (!cuda || !t.cuda_graph)
+    graph_off_ = cuda ? "train.cuda_graph is false" : "not a CUDA device";
+  else if (world_ > 1)
+    graph_off_ = cat("a job of ", world_, " ranks (dist.strategy=", cfg_.dist.strategy,
+                     ") does not capture its steps yet");
+  else if (profiling_enabled())
+    graph_off_ = "BT_PROFILE synchronizes inside the step";
+  if (cuda && t.cuda_graph && !graph_off_.empty()) notice_ = "CUDA graphs off: " + graph_off_;
+  if (cuda) cuda_reset_peak_stats(device_.index);
 }
 
-StepStats Trainer::step() {
-  BT_CHECK(!finished_, "Trainer::step: training was finished (finish_training)");
-  const auto t0 = std::chrono::steady_clock::now();
-  ProfileScope prof_step("step");
-  if (pg_) pg_->set_step(step_ + 1);
+void Trainer::stage(int64_t j, const Batch& b) {
+  const int64_t vocab = cfg_.model.vocab_size;
+  auto put = [&](const Tensor& src, Tensor& dst, const char* what) {
+    BT_CHECK(src.shape() == dst.shape() && src.dtype() == DType::I32 && src.is_contiguous(),
+             "Trainer: the loader's ", what, " are ", src.dtype(), " ", shape_str(src.shape()),
+             ", expected i32 ", shape_str(dst.shape()));
+    const int32_t* ids = src.data<int32_t>();
+    for (int64_t i = 0; i < src.numel(); ++i)
+      BT_CHECK(ids[i] >= 0 && ids[i] < vocab, "data.train: token id ", ids[i], " (", what, " of micro-batch ",
+               j, ", position ", i, ") is outside [0, model.vocab_size=", vocab,
+               "); the shards were made with another tokenizer, or model.vocab_size is too small");
+    std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
+  };
+  put(b.inputs, inputs_[j], "inputs");
+  put(b.targets, targets_[j], "targets");
+}
+
+void Trainer::device_step() {
   {
     ProfileScope prof("zero_grad");
     strategy_->zero_grad();
   }
+  const Tensor hyper = hyper_.to(device_, /*non_blocking=*/true);
   Tensor loss_sum;
   for (int64_t j = 0; j < accum_; ++j) {
-    Tensor x, y, loss;
+    Tensor x, loss;
     {
       ProfileScope prof("data");
-      Batch b = train_->next();
-      x = b.inputs.to(device_, /*non_blocking=*/true);
-      y = b.targets;  // checked on the host by the loss, then copied (Note [Targets on the host])
+      x = inputs_[j].to(device_, /*non_blocking=*/true);
     }
     {
       ProfileScope prof("forward");
-      loss = model_->loss(x, y);
+      // The targets stay on the host (Note [Targets on the host]).
+      loss = model_->loss(x, targets_[j]);
     }
     {
       ProfileScope prof("backward");
@@ -114,22 +189,68 @@ StepStats Trainer::step() {
     ProfileScope prof("grad_sync");
     strategy_->after_backward();
   }
-  StepStats s;
+  NoGradGuard ng;
+  Tensor clip;
   {
     ProfileScope prof("grad_norm");
-    s.grad_norm = strategy_->grad_norm();
+    clip = clip_scale(strategy_->grad_sum_squares(), cfg_.train.grad_clip);  // {norm, factor}
   }
-  s.lr = schedule_.at(step_);
   {
     ProfileScope prof("optimizer");
-    if (update_fence_) {  // a checkpoint snapshot still reads the parameters
-      stream_wait(Stream::current(device_), *update_fence_);
-      update_fence_.reset();
-    }
-    strategy_->step(s.lr, clip_coefficient(s.grad_norm, cfg_.train.grad_clip));
+    strategy_->apply_step(hyper, clip.narrow(0, 1, 1));
   }
-  s.loss = mean_over_ranks(static_cast<double>(loss_sum.item<float>()) / static_cast<double>(accum_));
-  if (device_.is_cuda()) Stream::current(device_).synchronize();
+  report_.narrow(0, 0, 1).copy_(loss_sum.reshape({1}));
+  report_.narrow(0, 1, 1).copy_(clip.narrow(0, 0, 1));
+}
+
+StepStats Trainer::step() {
+  BT_CHECK(!finished_, "Trainer::step: training was finished (finish_training)");
+  const auto t0 = std::chrono::steady_clock::now();
+  ProfileScope prof_step("step");
+  if (pg_) pg_->set_step(step_ + 1);
+  {
+    ProfileScope prof("data");
+    for (int64_t j = 0; j < accum_; ++j) stage(j, train_->next());
+  }
+  StepStats s;
+  s.lr = schedule_.at(step_);
+  const AdamW::StepScalars h = strategy_->advance(s.lr);
+  float* hp = hyper_.data<float>();
+  hp[0] = h.lr, hp[1] = h.bias1, hp[2] = h.bias2;
+  // The step waits for work queued elsewhere: initialization, a checkpoint's
+  // load, or a snapshot still reading the parameters.
+  stream_wait(stream_, Stream::current(device_));
+  if (update_fence_) {
+    stream_wait(stream_, *update_fence_);
+    update_fence_.reset();
+  }
+  std::vector<float> rep;
+  {
+    StreamGuard on(stream_);
+    if (graph_.captured()) {
+      graph_.replay(stream_);
+    } else if (graph_off_.empty() && eager_steps_ >= kEagerSteps) {
+      const auto c0 = std::chrono::steady_clock::now();
+      try {
+        graph_.capture(stream_, [this] { device_step(); });
+        notice_ = fmt::format(
+            "step {}: captured the step as a CUDA graph ({} nodes, {:.0f} ms); replaying it from now on",
+            step_ + 1, graph_.nodes(),
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
+        graph_.replay(stream_);
+      } catch (const Error& e) {
+        graph_off_ = cat("the capture failed: ", e.what());
+        notice_ = cat("step ", step_ + 1, ": CUDA graphs off, running eagerly: ", graph_off_);
+        device_step();
+      }
+    } else {
+      device_step();
+      ++eager_steps_;
+    }
+    rep = report_.to_vector<float>();  // waits for the step
+  }
+  s.grad_norm = rep[1];
+  s.loss = mean_over_ranks(static_cast<double>(rep[0]) / static_cast<double>(accum_));
   s.step = ++step_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokens = cfg_.train.batch_size * cfg_.model.seq_len;

@@ -66,7 +66,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "runtime/core/cuda_graph.h"
 #include "runtime/core/stream.h"
 #include "runtime/data/loader.h"
 #include "runtime/dist/strategy.h"
@@ -139,6 +143,14 @@ class Trainer {
   /// The next optimizer update waits for the work queued so far on `s` (an
   /// asynchronous checkpoint's copies of the parameters; CUDA only).
   void hold_updates_until(const Stream& s) { update_fence_ = s; }
+  /// The stream steps run on (CUDA: the Trainer's own, Note [Whole-step CUDA
+  /// graphs]); step() returns after its work there is done.
+  const Stream& stream() const { return stream_; }
+  /// Whether steps replay a captured CUDA graph now.
+  bool graph_replaying() const { return graph_.captured(); }
+  /// What changed in how steps run since the last call, as one line for the
+  /// log (graphs captured, or why they are off), or empty.
+  std::string take_notice() { return std::exchange(notice_, std::string()); }
 
   /// The job's process group (null for one process).
   dist::ProcessGroup* process_group() const { return pg_.get(); }
@@ -163,6 +175,21 @@ class Trainer {
   std::optional<Stream> update_fence_;
   int rank_ = 0, world_ = 1;
   std::shared_ptr<dist::ProcessGroup> pg_;  // null for a single process
+
+  // Note [Whole-step CUDA graphs] in trainer.cpp.
+  Stream stream_;                         // where steps run (CUDA: created; CPU: a tag)
+  std::vector<Tensor> inputs_, targets_;  // per micro-step: the batch, staged (pinned under CUDA)
+  Tensor hyper_;                          // AdamW's {lr, bias1, bias2} of the step, staged likewise
+  Tensor report_;                         // on the device: {sum of micro-step losses, gradient norm}
+  CudaGraph graph_;
+  std::string graph_off_;  // why steps are not captured ("" while they may be)
+  int64_t eager_steps_ = 0;
+  std::string notice_;
+  /// Copies micro-batch `j` into the staging tensors after checking its ids.
+  void stage(int64_t j, const Batch& b);
+  /// The step's device work, from the staged batches and scalars to the
+  /// update and report_: what a graph captures. Reads nothing back.
+  void device_step();
   /// The mean over ranks of a scalar (itself for a single process).
   double mean_over_ranks(double v);
 };

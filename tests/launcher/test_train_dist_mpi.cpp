@@ -273,14 +273,14 @@ TEST_F(TrainDist, AFailingRankEndsTheJobWithItsMessage) {
 // (p * world + r) * micro_batch onwards, and step 3's first micro-batch is
 // position 2 * accum = 4 (2 ranks of 2 micro-batches of 2 for 8 sequences),
 // so rank 1 reads windows 18 and 19 there, and no rank reads them before.
-// Rank 1's embedding throws in step 3; rank 0, whose windows are good, goes on
+// Rank 1's batch check (Trainer::stage) throws in step 3; rank 0, whose windows are good, goes on
 // into step 3's first collective (ddp: the gradient all-reduce; zero3: a
 // unit's all-gather) and waits there for rank 1. The job must end within a
 // bound, not at the test's timeout, with rank 1's number and message.
 class OneFailingRank : public TrainDist {
  protected:
   static constexpr int64_t kT = 64, kBadWindow = 18, kBadPosition = 10;
-  static constexpr uint16_t kBadToken = 65535;  // > 50304, the padded vocabulary
+  static constexpr uint16_t kBadToken = 65535;  // > 50257, the vocabulary
 
   void SetUp() override {
     TrainDist::SetUp();
@@ -314,8 +314,9 @@ class OneFailingRank : public TrainDist {
   /// shows the end of its log, and whose heartbeats show where rank 0 was.
   void expect_job_ends_with_rank_1s_message(const std::string& device) {
     const std::string message = "error on rank 1 of 2: ";
-    const std::string why = "index " + std::to_string(kBadToken) + " at position " +
-                            std::to_string(kBadPosition) + " is outside [0, 50304)";
+    const std::string why = "data.train: token id " + std::to_string(kBadToken) +
+                            " (inputs of micro-batch 0, position " + std::to_string(kBadPosition) +
+                            ") is outside [0, model.vocab_size=50257)";
     for (const bool launch : {false, true}) {
       const std::string strategy = launch ? "zero3" : "ddp", tag = device + " " + strategy;
       double secs = 0;

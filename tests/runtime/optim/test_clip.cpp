@@ -28,5 +28,28 @@ TEST(Clip, CoefficientScalesDownOnly) {
   EXPECT_DOUBLE_EQ(clip_coefficient(100.0, 0.0), 1.0);  // clipping off
 }
 
+// clip_scale computes clip_coefficient's doubles from a sum of squares where
+// the sum lives (Note [Step scalars]): {norm, factor}, rounded to float, the
+// same values the host formula gives, for f32 and f64 sums, clipping on or off.
+TEST(Clip, ScaleOnTheDeviceIsTheHostFormula) {
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));  // on the GPU machine
+  for (const Device& d : devices) {
+    for (const double sq : {0.0, 0.25, 1.0, 16.0, 12345.678}) {
+      for (const double max_norm : {0.0, 1.0, 0.5}) {
+        for (const DType dt : {DType::F32, DType::F64}) {
+          const Tensor in = full({1}, sq, TensorOptions{dt, d});
+          const std::vector<float> got = clip_scale(in, max_norm).to_vector<float>();
+          const double norm = std::sqrt(dt == DType::F32 ? static_cast<double>(static_cast<float>(sq)) : sq);
+          EXPECT_EQ(got[0], static_cast<float>(norm)) << d << " " << sq;
+          EXPECT_EQ(got[1], static_cast<float>(clip_coefficient(norm, max_norm)))
+              << d << " " << sq << " " << max_norm;
+        }
+      }
+    }
+  }
+  EXPECT_THROW(clip_scale(zeros({2}), 1.0), Error);
+}
+
 }  // namespace
 }  // namespace bt

@@ -191,6 +191,18 @@ TEST_F(TrainerTest, AMicroBatchThatDoesNotSplitTheBatchIsLowered) {
   }
 }
 
+// The Trainer checks every batch's ids on the host (Note [Whole-step CUDA
+// graphs]: a replayed step cannot): shards holding ids beyond the model's
+// vocabulary fail at the first step, naming the key and the id.
+TEST_F(TrainerTest, TokenIdsOutsideTheVocabularyAreNamed) {
+  TrainConfig c = config();
+  c.data.train = test::write_token_shards(dir_.path().string(), "wide", 1, 3000, 200, 3);
+  Trainer t(c);
+  const std::string msg = test::error_message([&] { t.step(); });
+  EXPECT_NE(msg.find("data.train: token id "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is outside [0, model.vocab_size=64)"), std::string::npos) << msg;
+}
+
 TEST(BatchSplit, LargestMicroBatchThatSplitsTheBatchOverTheRanks) {
   TrainConfig c;
   c.train.batch_size = 8;

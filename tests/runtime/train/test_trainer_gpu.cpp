@@ -21,6 +21,8 @@ namespace {
 struct Outcome {
   std::vector<double> losses, norms;
   std::vector<float> params;
+  std::vector<bool> replaying;  // after each step: whether the next replays a graph
+  std::string notices;
 };
 
 Outcome train(const TrainConfig& c) {
@@ -30,6 +32,8 @@ Outcome train(const TrainConfig& c) {
     const StepStats s = t.step();
     r.losses.push_back(s.loss);
     r.norms.push_back(s.grad_norm);
+    r.replaying.push_back(t.graph_replaying());
+    r.notices += t.take_notice() + "\n";
   }
   for (const Tensor& p : t.model().parameters()) {
     const std::vector<float> v = p.to_vector<float>();
@@ -107,6 +111,29 @@ TEST_P(TrainerGpu, RecomputeTradesMemoryNotResults) {
   EXPECT_LT(peak["full"], peak["selective"]);
   std::printf("peak memory (bytes): none %zu, selective %zu, full %zu\n", peak["none"], peak["selective"],
               peak["full"]);
+}
+
+// Note [Whole-step CUDA graphs]: after two eager steps the step is captured
+// and replayed; the replays run the eager steps' kernels on the same values,
+// so a run with graphs gives the bits of one without, two micro-batches per
+// step and clipping on. The recompute modes run under graphs too (above).
+TEST_P(TrainerGpu, CudaGraphStepsGiveTheBitsOfEagerSteps) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir("bt_trainer_gpu");
+  TrainConfig c = gpu_config(dir.path().string(), GetParam());
+  c.train.steps = 6;
+  c.train.cuda_graph = false;
+  const Outcome eager = train(c);
+  c.train.cuda_graph = true;
+  const Outcome graph = train(c);
+  EXPECT_EQ(eager.replaying, std::vector<bool>(6, false));
+  EXPECT_EQ(graph.replaying, (std::vector<bool>{false, false, true, true, true, true})) << graph.notices;
+  EXPECT_NE(graph.notices.find("step 3: captured the step as a CUDA graph"), std::string::npos)
+      << graph.notices;
+  EXPECT_EQ(eager.losses, graph.losses);
+  EXPECT_EQ(eager.norms, graph.norms);
+  EXPECT_EQ(eager.params, graph.params);
+  EXPECT_LT(graph.losses.back(), graph.losses.front() - 0.3) << "the steps must learn";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TrainerGpu, ::testing::Values("fp32", "tf32", "fp32x3", "bf16"),
