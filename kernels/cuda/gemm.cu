@@ -91,8 +91,9 @@ struct PlanKey {
   int64_t device;
   int64_t dtype, c_dtype;
   int64_t trans_a, trans_b, math, beta_zero;  // math: GemmMath of an F32 product, else 0
-  int64_t epilogue;                           // Epilogue, plus 8 when pre_gelu is used
-  int64_t m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
+  int64_t epilogue;                           // Epilogue, plus 8 when pre_gelu is used, 16 with bias_grad
+  int64_t bias_grad_dtype;
+  int64_t m, n, k, lda, ldb, ldc, ld_aux, batch, stride_a, stride_b, stride_c;
   int64_t align_a, align_b, align_c, align_bias, align_aux;
 
   bool operator==(const PlanKey& o) const { return std::memcmp(this, &o, sizeof(PlanKey)) == 0; }
@@ -111,8 +112,8 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool fused_epilogue = false;  // false: plain product, then epilogue_kernel
-  bool has_bias_attr = false, has_aux_attr = false;
+  int choice = 0;                            // index into lt_epilogues(): how much cuBLASLt fuses
+  uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT: plain product, then apply_epilogue
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -134,10 +135,6 @@ std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash>& plan_cache() {
 cudaDataType_t cuda_type(DType dt) { return dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 template <typename V>
-void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
-  BT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
-}
-template <typename V>
 void set_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, const V& v) {
   BT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, attr, &v, sizeof(v)));
 }
@@ -154,9 +151,9 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   return l;
 }
 
-/// Builds the descriptors and asks the heuristic; returns false when it offers
-/// no algorithm for this epilogue.
-bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t lt, bool fused) {
+/// Builds the descriptors for cuBLASLt's epilogue `epi` and asks the
+/// heuristic; returns false when it offers no algorithm for this epilogue.
+bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t lt, uint32_t epi) {
   const cudaDataType_t t = cuda_type(a.dtype), tc = cuda_type(static_cast<DType>(key.c_dtype));
   const cublasComputeType_t compute =
       key.math == static_cast<int64_t>(GemmMath::Tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -171,33 +168,8 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
                    : make_layout(t, a.k, a.m, a.lda, a.batch, a.stride_a);
   p.lc = make_layout(tc, a.n, a.m, a.ldc, a.batch, a.stride_c);
 
-  const bool bias = a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::BiasGelu;
-  const bool gelu = a.epilogue == Epilogue::Gelu || a.epilogue == Epilogue::BiasGelu;
-  const bool aux = gelu && a.pre_gelu != nullptr;
-  uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (fused && a.bias_grad) {
-    epi = CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A (Note [Fused bias gradient])
-  } else if (fused) {
-    if (bias && gelu)
-      epi = aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
-    else if (gelu)
-      epi = aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU;
-    else if (bias)
-      epi = CUBLASLT_EPILOGUE_BIAS;
-  }
-  set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
-  p.fused_epilogue = fused && epi != CUBLASLT_EPILOGUE_DEFAULT;
-  p.has_bias_attr = fused && (bias || a.bias_grad);
-  p.has_aux_attr = fused && aux;
-  if (p.has_bias_attr) {
-    set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(a.bias_grad ? tc : t));
-    set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias_grad ? a.bias_grad : a.bias);
-  }
-  if (p.has_aux_attr) {
-    set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a.pre_gelu);
-    set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, a.ldc);
-    if (a.batch > 1) set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, a.stride_c);
-  }
+  p.epi = epi;
+  set_lt_epilogue(p.op, epi, a, static_cast<DType>(key.c_dtype));
 
   cublasLtMatmulPreference_t pref = nullptr;
   BT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -225,7 +197,8 @@ bool build_plan(Plan& p, const PlanKey& key, const GemmArgs& a, cublasLtHandle_t
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
-  if (st == CUBLAS_STATUS_INVALID_VALUE && p.fused_epilogue) return false;  // epilogue rule broken
+  if (st == CUBLAS_STATUS_INVALID_VALUE && epi != CUBLASLT_EPILOGUE_DEFAULT)
+    return false;  // epilogue rule broken
   BT_CUBLAS_CHECK(st);
   if (result.state != CUBLAS_STATUS_SUCCESS) return false;
   p.algo = result.algo;
@@ -247,12 +220,15 @@ void validate(const GemmArgs& a, const char* what) {
            " is smaller than ", b_cols, " (the columns of the row-major B", a.trans_b ? ", trans_b" : "",
            ")");
   BT_CHECK(a.epilogue == Epilogue::None || a.epilogue == Epilogue::Bias || a.epilogue == Epilogue::Gelu ||
-               a.epilogue == Epilogue::BiasGelu,
+               a.epilogue == Epilogue::BiasGelu || is_dgelu(a.epilogue),
            "cuda ", what, ": unknown epilogue ", static_cast<int>(a.epilogue));
+  check_dgelu(a, "cuda gemm");
   BT_CHECK(a.ldc >= (a.n > 1 ? a.n : 1), "cuda ", what, ": ldc ", a.ldc, " is smaller than n = ", a.n);
   if (a.batch > 1)
     BT_CHECK(a.stride_a >= 0 && a.stride_b >= 0 && a.stride_c >= 0, "cuda ", what, ": negative batch stride");
 }
+
+thread_local uint32_t t_last_lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
 
 }  // namespace
 
@@ -276,57 +252,56 @@ bool product(const GemmArgs& a, cudaStream_t stream) {
   key.math = a.dtype == DType::F32 ? static_cast<int64_t>(a.math) : 0;
   key.beta_zero = a.beta == 0.0f;
   key.epilogue = static_cast<int>(a.epilogue) + (a.pre_gelu ? 8 : 0) + (a.bias_grad ? 16 : 0);
+  key.bias_grad_dtype = a.bias_grad ? static_cast<int>(gemm_bias_grad_dtype(a, c_dtype, "cuda gemm")) : -1;
   key.m = a.m, key.n = a.n, key.k = a.k;
-  key.lda = a.lda, key.ldb = a.ldb, key.ldc = a.ldc;
+  key.lda = a.lda, key.ldb = a.ldb, key.ldc = a.ldc, key.ld_aux = lt_aux(a) ? lt_aux_ld(a) : 0;
   key.batch = a.batch;
   key.stride_a = a.stride_a, key.stride_b = a.stride_b, key.stride_c = a.stride_c;
   key.align_a = alignment_bytes(a.a, a.stride_a * es);
   key.align_b = alignment_bytes(a.b, a.stride_b * es);
   key.align_c = alignment_bytes(a.c, a.stride_c * es_c);
   key.align_bias = a.bias_grad ? alignment_bytes(a.bias_grad, 0) : a.bias ? alignment_bytes(a.bias, 0) : 0;
-  key.align_aux = a.pre_gelu ? alignment_bytes(a.pre_gelu, a.stride_c * es) : 0;
+  key.align_aux = lt_aux(a) ? alignment_bytes(lt_aux(a), a.stride_c * es) : 0;
 
   std::lock_guard<std::mutex> lock(state_mutex());
   DeviceState& st = state_for(static_cast<int>(key.device));
   void* ws = workspace_for(st, stream);
   auto& cache = plan_cache();
-  // cuBLASLt's aux matrix needs ld and batch stride divisible by 8.
-  const bool aux_ok = a.pre_gelu == nullptr ||
-                      (a.ldc % 8 == 0 && (a.batch <= 1 || a.stride_c % 8 == 0) && key.align_aux >= 16);
-  auto make_plan = [&](bool try_fused) {
-    auto plan = std::make_unique<Plan>();
-    bool ok = false;
-    if (try_fused && (a.epilogue != Epilogue::None || a.bias_grad) && aux_ok)
-      ok = build_plan(*plan, key, a, st.lt, true);
-    if (!ok) {
-      plan = std::make_unique<Plan>();
-      ok = build_plan(*plan, key, a, st.lt, false);
+  uint32_t epis[3];
+  const int n_epis = lt_epilogues(a, epis);
+  // The first of epis[from...] that cuBLASLt offers an algorithm for.
+  auto make_plan = [&](int from) {
+    for (int i = from; i < n_epis; ++i) {
+      auto plan = std::make_unique<Plan>();
+      if (!build_plan(*plan, key, a, st.lt, epis[i])) continue;
+      plan->choice = i;
+      return plan;
     }
-    BT_CHECK(ok, "cuda gemm: cuBLASLt has no algorithm for ", a.dtype, " m=", a.m, " n=", a.n, " k=", a.k,
-             " lda=", a.lda, " ldb=", a.ldb, " ldc=", a.ldc, " batch=", a.batch,
-             " (check leading dimensions and pointer alignment)");
-    return plan;
+    BT_FAIL("cuda gemm: cuBLASLt has no algorithm for ", a.dtype, " m=", a.m, " n=", a.n, " k=", a.k,
+            " lda=", a.lda, " ldb=", a.ldb, " ldc=", a.ldc, " batch=", a.batch,
+            " (check leading dimensions and pointer alignment)");
   };
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make_plan(true)).first;
+  if (it == cache.end()) it = cache.emplace(key, make_plan(0)).first;
   const float alpha = a.alpha, beta = a.beta;
   auto run = [&](Plan& p) {
-    if (p.has_bias_attr)
-      set_desc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias_grad ? a.bias_grad : a.bias);
-    if (p.has_aux_attr) set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a.pre_gelu);
+    point_lt_epilogue(p.op, p.epi, a);
     return cublasLtMatmul(st.lt, p.op, &alpha, a.b, p.la, a.a, p.lb, &beta, a.c, p.lc, a.c, p.lc, &p.algo, ws,
                           kWorkspaceBytes, stream);
   };
   cublasStatus_t status = run(*it->second);
-  if (status != CUBLAS_STATUS_SUCCESS && it->second->fused_epilogue &&
-      (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
-    // The fused epilogue was refused at launch: fall back to product + kernel for good.
-    it->second = make_plan(false);
+  while (status != CUBLAS_STATUS_SUCCESS && it->second->epi != CUBLASLT_EPILOGUE_DEFAULT &&
+         (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
+    // The fused epilogue was refused at launch: the next one, for good.
+    it->second = make_plan(it->second->choice + 1);
     status = run(*it->second);
   }
   BT_CUBLAS_CHECK(status);
-  if (!it->second->fused_epilogue && a.epilogue != Epilogue::None) apply_epilogue(a, a.dtype, false, stream);
-  return a.bias_grad != nullptr && it->second->fused_epilogue;
+  const uint32_t epi = it->second->epi;
+  t_last_lt_epilogue = epi;
+  if (epi == CUBLASLT_EPILOGUE_DEFAULT && a.epilogue != Epilogue::None)
+    apply_epilogue(a, a.dtype, false, stream);
+  return a.bias_grad != nullptr && lt_writes_bias_grad(epi);
 }
 
 }  // namespace gemm_detail
@@ -337,8 +312,8 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
   if (args.bias_grad) bias_grad_dims(args, "cuda gemm");
   GemmArgs a = args;
   if (a.batch <= 1) a.stride_a = a.stride_b = a.stride_c = 0;
-  if (a.batch == 0 || a.m == 0) return;
-  if (a.n == 0) {
+  if (a.batch == 0) return;
+  if (a.m == 0 || a.n == 0) {  // bias_grad: op(A)'s sums (n == 0) or zeros (DGeluBgrad, m == 0)
     if (a.bias_grad) bias_grad_sum(a, c_dtype, stream);
     return;
   }
@@ -351,6 +326,7 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
            "); add the bias separately when accumulating into C");
   if (!gelu) a.pre_gelu = nullptr;
   if (!bias) a.bias = nullptr;
+  if (!is_dgelu(a.epilogue)) a.gelu_in = nullptr;
 
   if (a.k == 0) {  // C = beta * C, then the epilogue (with an f32 C there is none)
     apply_epilogue(a, c_dtype, true, stream);
@@ -368,6 +344,8 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
   }
   if (!product(a, stream) && a.bias_grad) bias_grad_sum(a, c_dtype, stream);
 }
+
+uint32_t last_lt_epilogue() { return t_last_lt_epilogue; }
 
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream) {
   validate(args, "cublas_reference_gemm");

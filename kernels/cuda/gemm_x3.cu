@@ -237,10 +237,12 @@ void gemm_x3(const GemmArgs& a, const GemmPieces& p, float* scratch, cudaStream_
           if (k0 > 0) s.beta = 1.0f;  // C holds the earlier pieces of K
           if (k0 + kc < a.k) {
             s.epilogue = Epilogue::None;  // the epilogue applies to the whole sum
-            s.bias = nullptr, s.pre_gelu = nullptr;
+            s.bias = nullptr, s.pre_gelu = nullptr, s.gelu_in = nullptr;
           } else {
             if (s.bias) s.bias = static_cast<const float*>(a.bias) + j0;
             if (s.pre_gelu) s.pre_gelu = static_cast<float*>(a.pre_gelu) + c_off;
+            if (s.gelu_in) s.gelu_in = static_cast<const float*>(a.gelu_in) + i0 * a.ld_gelu_in + j0;
+            if (s.epilogue == Epilogue::DGeluBgrad) s.epilogue = Epilogue::DGelu;  // summed by gemm()
           }
           if (bc <= 1) s.stride_a = s.stride_b = s.stride_c = 0;
           product(s, stream);
