@@ -1,4 +1,5 @@
-// CUDA GEMM through cuBLASLt, with bias / GELU epilogues fused by cuBLASLt.
+// CUDA GEMM through cuBLASLt, with the bias, GELU and GELU-gradient epilogues
+// fused by cuBLASLt.
 //
 // Row-major C = op(A) op(B) is computed as the column-major product
 // C^T = op(B)^T op(A)^T: cuBLASLt's "A" is the caller's B and its "B" is the
@@ -11,8 +12,9 @@
 // (a workspace shared by matmuls running concurrently on two streams would be a
 // race). Matmul descriptors, layouts and the heuristic's algorithm are cached
 // per problem key. When cuBLASLt offers no algorithm for an epilogue (or the
-// problem breaks an epilogue rule, e.g. aux ld % 8 != 0), the plan runs the
-// plain product and applies the epilogue with a small kernel instead.
+// problem breaks an epilogue rule, e.g. aux ld % 8 != 0), the plan takes the
+// next, less fused one (lt_epilogues in gemm_epilogue.cu), down to the plain
+// product with the epilogue as a small kernel.
 //
 // GemmMath::Tf32x3 runs in gemm_x3.cu, and the epilogues cuBLASLt does not
 // fuse in gemm_epilogue.cu (kernels/cuda/gemm_internal.cuh).
