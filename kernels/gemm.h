@@ -1,5 +1,6 @@
 // The linear-algebra layer: row-major (batched) GEMM with optional bias and
-// GELU epilogues. OpenBLAS on CPU, cuBLASLt on CUDA.
+// GELU epilogues, and the GELU-gradient epilogue of the MLP's backward.
+// OpenBLAS on CPU, cuBLASLt on CUDA.
 //
 //   C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]   (then + bias, then GELU)
 //
@@ -57,16 +58,18 @@ enum class GemmMath : uint8_t {
 // below one TF32 product, and GPT-2 124M's per-step losses stayed within
 // 4.4e-7 of PyTorch's strict fp32 over 20 steps. The cost is three times the
 // tensor-core work, and on CUDA a pass that writes the split operands
-// into scratch (kernels/cuda/gemm.cu: why one GEMM over 3K). Non-finite
+// into scratch (kernels/cuda/gemm_x3.cu: why one GEMM over 3K). Non-finite
 // inputs give non-finite results, but an inf may come out as NaN (inf * 0 in
 // a small product), and a finite |x| within 2^-12 of FLT_MAX has an infinite
 // big part.
 
 enum class Epilogue : uint8_t {
   None,
-  Bias,      // C += bias[n] broadcast over rows (requires beta == 0)
-  Gelu,      // C = gelu(C)
-  BiasGelu,  // C = gelu(C + bias)
+  Bias,        // C += bias[n] broadcast over rows (requires beta == 0)
+  Gelu,        // C = gelu(C)
+  BiasGelu,    // C = gelu(C + bias)
+  DGelu,       // C = C * gelu'(gelu_in), the GELU's backward (requires beta == 0, one batch item)
+  DGeluBgrad,  // DGelu, and bias_grad[j] = sum over i of the new C[i, j] (Note [Fused MLP backward])
 };
 
 struct GemmArgs {
@@ -90,13 +93,22 @@ struct GemmArgs {
   /// For Gelu/BiasGelu: if non-null, receives the pre-activation values
   /// (same shape/ld as C) for the backward pass.
   void* pre_gelu = nullptr;
+  /// For DGelu/DGeluBgrad: the GELU's input (the pre-activation), m x n in
+  /// C's dtype with leading dimension ld_gelu_in.
+  const void* gelu_in = nullptr;
+  int64_t ld_gelu_in = 0;
   /// F32 only: strict, TF32 or 3xTF32 products (Note [3xTF32]).
   GemmMath math = GemmMath::Strict;
-  /// If non-null: also the bias gradient of a weight-gradient GEMM (dW = dY^T
-  /// X, op(A) = dY^T), bias_grad[i] = sum over k of op(A)[i, k] for i < m, in
-  /// C's dtype. Only with Epilogue::None, one batch item and an A without
-  /// padding (lda = m when trans_a, else k). Note [Fused bias gradient].
+  /// If non-null, with Epilogue::None: also the bias gradient of a
+  /// weight-gradient GEMM (dW = dY^T X, op(A) = dY^T), bias_grad[i] = sum over
+  /// k of op(A)[i, k] for i < m; only with an A without padding (lda = m when
+  /// trans_a, else k). Note [Fused bias gradient]. With Epilogue::DGeluBgrad
+  /// (which needs it): the sums of C's columns, bias_grad[j] for j < n; only
+  /// with a C without padding (ldc = n). One batch item; in bias_grad_dtype.
   void* bias_grad = nullptr;
+  /// bias_grad's dtype when it is wider than C's: only F32 for a BF16 C (the
+  /// f32 gradient of a bf16 copy's bias, Note [Gradients in a wider dtype]).
+  std::optional<DType> bias_grad_dtype;
 };
 
 // Note [Fused bias gradient]
@@ -109,6 +121,22 @@ struct GemmArgs {
 // sum() uses, on the same stream. The CPU always uses that reduction
 // (kernels/reduce.h), so its bits do not change with the fusion.
 
+// Note [GELU-gradient epilogue]
+// The MLP's backward (Note [Fused MLP backward], runtime/ops/mlp.cpp) needs
+// dPre = gelu'(pre) * (dY W2), the GEMM of the second layer's input gradient
+// times the GELU's derivative at its input, and the first layer's bias
+// gradient, the column sums of dPre. DGeluBgrad asks one GEMM for both. On
+// CUDA cuBLASLt's DGELU_BGRAD epilogue reads pre as its aux matrix (ld_gelu_in
+// a multiple of 8, 16-byte aligned) and writes the sums in bias_grad_dtype;
+// its GELU is the tanh form of kernels/gelu.h, as for the forward's GELU
+// epilogue. Where cuBLASLt refuses it, DGELU and the reduction kernel sum()
+// uses (so always under 3xTF32, whose product may run in pieces); where it
+// refuses both, the plain product, then an elementwise kernel (C *
+// gelu'(gelu_in), the arithmetic of the gelu_backward kernel) and the
+// reduction, on the same stream. The CPU multiplies in the product's float
+// before its one rounding and sums the stored C with the reduction, so in f32
+// it gives the bits of the unfused GEMM, gelu_backward and sum.
+
 /// The dtype of C; throws bt::Error naming `who` for a c_dtype the GEMMs do
 /// not support (the rules at GemmArgs::c_dtype).
 inline DType gemm_c_dtype(const GemmArgs& g, const char* who) {
@@ -118,19 +146,50 @@ inline DType gemm_c_dtype(const GemmArgs& g, const char* who) {
   return *g.c_dtype;
 }
 
-/// op(A) as the [outer, dim, inner] buffer the reductions take, summed over
-/// dim = k (Note [Fused bias gradient]); throws bt::Error naming `who` when
-/// bias_grad is asked for where it is not supported.
+inline bool is_dgelu(Epilogue e) { return e == Epilogue::DGelu || e == Epilogue::DGeluBgrad; }
+
+/// Throws bt::Error naming `who` when a DGelu/DGeluBgrad GEMM breaks their
+/// rules (GemmArgs::gelu_in); does nothing for the other epilogues.
+inline void check_dgelu(const GemmArgs& g, const char* who) {
+  if (!is_dgelu(g.epilogue)) return;
+  BT_CHECK(g.beta == 0.0f && g.batch <= 1, who,
+           ": the DGelu epilogues need beta == 0 and one batch item (got beta ", g.beta, ", batch ", g.batch,
+           ")");
+  BT_CHECK(g.gelu_in != nullptr || g.m == 0 || g.n == 0, who, ": the DGelu epilogues need gelu_in");
+  BT_CHECK(g.ld_gelu_in >= (g.n > 1 ? g.n : 1), who, ": ld_gelu_in ", g.ld_gelu_in,
+           " is smaller than n = ", g.n);
+  BT_CHECK(g.epilogue == Epilogue::DGelu || g.bias_grad != nullptr, who,
+           ": DGeluBgrad needs bias_grad (use DGelu for no bias gradient)");
+}
+
+/// The summed operand as the [outer, dim, inner] buffer the reductions take
+/// (Note [Fused bias gradient]): op(A) over dim = k, or for DGeluBgrad C over
+/// dim = m.
 struct BiasGradDims {
+  const void* in;
   int64_t outer, dim, inner;
 };
+/// bias_grad's dims and its dtype (GemmArgs::bias_grad_dtype); throws
+/// bt::Error naming `who` when bias_grad is asked for where it is not supported.
 inline BiasGradDims bias_grad_dims(const GemmArgs& g, const char* who) {
-  BT_CHECK(g.epilogue == Epilogue::None && g.batch <= 1, who,
-           ": bias_grad needs Epilogue::None and one batch item (got epilogue ", static_cast<int>(g.epilogue),
-           ", batch ", g.batch, ")");
+  const bool of_c = g.epilogue == Epilogue::DGeluBgrad;
+  BT_CHECK((g.epilogue == Epilogue::None || of_c) && g.batch <= 1, who,
+           ": bias_grad needs Epilogue::None or DGeluBgrad, and one batch item (got epilogue ",
+           static_cast<int>(g.epilogue), ", batch ", g.batch, ")");
+  if (of_c) {
+    BT_CHECK(g.ldc == g.n || g.m == 0, who, ": DGeluBgrad needs a C without padding (ldc ", g.ldc,
+             ", expected ", g.n, ")");
+    return {g.c, 1, g.m, g.n};
+  }
   BT_CHECK(g.lda == (g.trans_a ? g.m : g.k) || g.k == 0, who, ": bias_grad needs an A without padding (lda ",
            g.lda, ", expected ", g.trans_a ? g.m : g.k, ")");
-  return g.trans_a ? BiasGradDims{1, g.k, g.m} : BiasGradDims{g.m, g.k, 1};
+  return g.trans_a ? BiasGradDims{g.a, 1, g.k, g.m} : BiasGradDims{g.a, g.m, g.k, 1};
+}
+/// The dtype of bias_grad, given C's (`c_dtype`, from gemm_c_dtype).
+inline DType gemm_bias_grad_dtype(const GemmArgs& g, DType c_dtype, const char* who) {
+  if (!g.bias_grad_dtype) return c_dtype;
+  widens(c_dtype, *g.bias_grad_dtype, who);
+  return *g.bias_grad_dtype;
 }
 
 namespace cpu {
@@ -143,7 +202,7 @@ namespace cuda {
 /// more would be needed).
 size_t gemm_scratch_floats(const GemmArgs& args);
 /// The size of each piece a Tf32x3 GEMM runs in, in batch items, rows and
-/// columns of C, and K (Note [One GEMM over 3K] in kernels/cuda/gemm.cu), with
+/// columns of C, and K (Note [One GEMM over 3K] in kernels/cuda/gemm_x3.cu), with
 /// `scratch_floats` of scratch when that is less than gemm_scratch_floats(args)
 /// (else with what it asks for). Host code: no GPU needed.
 struct GemmPieces {
@@ -154,6 +213,10 @@ GemmPieces gemm_x3_pieces(const GemmArgs& args, size_t scratch_floats);
 /// when that is 0), or scratch_floats when that is less (the GEMM then runs in
 /// more pieces, gemm_x3_pieces; the tests use it to cut small GEMMs).
 void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch = nullptr, size_t scratch_floats = 0);
+/// The cuBLASLt epilogue (cublasLtEpilogue_t) of this thread's last cuBLASLt
+/// product, for tests and benchmarks to report what cuBLASLt fused:
+/// CUBLASLT_EPILOGUE_DEFAULT when the epilogue ran as kernels after it.
+uint32_t last_lt_epilogue();
 /// Plain cuBLAS (cublasGemmEx / cublasSgemm), used only as the benchmark ceiling.
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream);
 }  // namespace cuda

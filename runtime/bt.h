@@ -14,6 +14,7 @@
 #include "runtime/ops/gelu.h"
 #include "runtime/ops/layernorm.h"
 #include "runtime/ops/matmul.h"
+#include "runtime/ops/mlp.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/ops/softmax.h"
 #include "runtime/optim/adamw.h"

@@ -95,13 +95,16 @@ void gemm_acc(const GemmArgs& g, const A* a, int64_t lda, const A* b, int64_t ld
 }
 
 /// Applies the epilogue to the m x n matrix src (compute type, leading dim lds)
-/// and stores it to dst (ldc); pre (ldc) receives the pre-GELU values.
+/// and stores it to dst (ldc); pre (ldc) receives the pre-GELU values. DGelu
+/// multiplies by the derivative at gelu_in (Note [GELU-gradient epilogue]).
 template <class T, class A = acc_t<T>>
 void epilogue(const GemmArgs& g, const A* src, int64_t lds, T* dst, T* pre) {
   const T* bias = static_cast<const T*>(g.bias);
+  const T* gelu_in = static_cast<const T*>(g.gelu_in);
   const bool add_bias = g.epilogue == Epilogue::Bias || g.epilogue == Epilogue::BiasGelu;
   const bool gelu = g.epilogue == Epilogue::Gelu || g.epilogue == Epilogue::BiasGelu;
-  parallel_for(0, g.m, grain_for(gelu ? 8 * g.n : g.n), [&](int64_t lo, int64_t hi) {
+  const bool dgelu = is_dgelu(g.epilogue);
+  parallel_for(0, g.m, grain_for(gelu || dgelu ? 8 * g.n : g.n), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       for (int64_t j = 0; j < g.n; ++j) {
         A v = src[r * lds + j];
@@ -110,6 +113,7 @@ void epilogue(const GemmArgs& g, const A* src, int64_t lds, T* dst, T* pre) {
           if (pre) store(pre, r * g.ldc + j, v);
           v = detail::gelu_tanh(v);
         }
+        if (dgelu) v = v * detail::gelu_tanh_grad(load(gelu_in, r * g.ld_gelu_in + j));
         store(dst, r * g.ldc + j, v);
       }
     }
@@ -213,8 +217,9 @@ void check_args(const GemmArgs& g) {
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc})
     BT_CHECK(v <= INT_MAX, "gemm: dimension or leading dimension ", v, " exceeds the BLAS int range");
   BT_CHECK(g.epilogue == Epilogue::None || g.epilogue == Epilogue::Bias || g.epilogue == Epilogue::Gelu ||
-               g.epilogue == Epilogue::BiasGelu,
+               g.epilogue == Epilogue::BiasGelu || is_dgelu(g.epilogue),
            "gemm: unknown epilogue ", static_cast<int>(g.epilogue));
+  check_dgelu(g, "gemm");
   BT_CHECK(g.epilogue != Epilogue::Bias || g.beta == 0.0f,
            "gemm: the Bias epilogue requires beta == 0 (got beta=", g.beta,
            "); add the bias separately when accumulating into C");
@@ -231,16 +236,19 @@ void check_args(const GemmArgs& g) {
 void gemm(const GemmArgs& args) {
   check_args(args);
   const DType c_dt = gemm_c_dtype(args, "gemm");
-  const BiasGradDims d = args.bias_grad ? bias_grad_dims(args, "gemm") : BiasGradDims{0, 0, 0};
+  const BiasGradDims d = args.bias_grad ? bias_grad_dims(args, "gemm") : BiasGradDims{nullptr, 0, 0, 0};
+  const DType bg_dt = gemm_bias_grad_dtype(args, c_dt, "gemm");
   detail::dispatch_float(args.dtype, "gemm", [&]<class T>(std::type_identity<T>) {
     if (args.batch == 0 || args.m == 0 || args.n == 0) return;
     gemm_impl<T>(args, c_dt != args.dtype);
   });
-  if (args.bias_grad && args.m > 0) {  // Note [Fused bias gradient]: op(A) summed over k
-    if (args.k == 0)
-      std::memset(args.bias_grad, 0, static_cast<size_t>(args.m) * dtype_size(c_dt));
+  // Note [Fused bias gradient]: op(A) summed over k, or for DGeluBgrad the
+  // stored C over its rows (Note [GELU-gradient epilogue]).
+  if (args.bias_grad && d.outer * d.inner > 0) {
+    if (d.dim == 0)
+      std::memset(args.bias_grad, 0, static_cast<size_t>(d.outer * d.inner) * dtype_size(bg_dt));
     else
-      reduce_dim(ReduceOp::Sum, args.dtype, c_dt, args.a, args.bias_grad, d.outer, d.dim, d.inner);
+      reduce_dim(ReduceOp::Sum, args.dtype, bg_dt, d.in, args.bias_grad, d.outer, d.dim, d.inner);
   }
 }
 

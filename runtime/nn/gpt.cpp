@@ -11,6 +11,7 @@
 #include "runtime/ops/embedding.h"
 #include "runtime/ops/layernorm.h"
 #include "runtime/ops/matmul.h"
+#include "runtime/ops/mlp.h"
 
 namespace bt::nn {
 
@@ -124,9 +125,8 @@ Tensor Gpt::block(const Block& b, Tensor x) const {
     att = causal_self_attention(qkv, cfg_.n_head);  // [B, T, 3C] -> [B, T, C], heads read and merged in place
   }
   x = add(x, linear(att, compute(b.proj_w), compute(b.proj_b)));
-  Tensor h = linear(layer_norm(x, compute(b.ln2_w), compute(b.ln2_b)), compute(b.fc_w), compute(b.fc_b),
-                    Activation::Gelu);
-  return add(x, linear(h, compute(b.out_w), compute(b.out_b)));
+  Tensor h = layer_norm(x, compute(b.ln2_w), compute(b.ln2_b));
+  return add(x, mlp(h, compute(b.fc_w), compute(b.fc_b), compute(b.out_w), compute(b.out_b)));
 }
 
 Tensor Gpt::forward(const Tensor& idx) const {

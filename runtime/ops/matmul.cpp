@@ -8,6 +8,7 @@
 #include "runtime/core/precision.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/gelu.h"
+#include "runtime/ops/gemm_call.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
 
@@ -15,6 +16,8 @@ namespace bt {
 namespace {
 
 using autograd::Grads;
+using detail::matmul_raw;
+using detail::weight_and_bias_grad;
 
 /// How the last two dims of a tensor map onto a BLAS matrix operand.
 struct MatOperand {
@@ -78,6 +81,12 @@ kernels::GemmMath gemm_math(Precision p) {
   return kernels::GemmMath::Strict;
 }
 
+constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
+
+}  // namespace
+
+namespace detail {
+
 void run_gemm(kernels::GemmArgs& g, const Device& d) {
   if (g.m == 0 || g.n == 0) return;
   g.math = gemm_math(precision());
@@ -88,13 +97,7 @@ void run_gemm(kernels::GemmArgs& g, const Device& d) {
                      kernels::cuda::gemm(g, stream, n > 0 ? scratch.data<float>() : nullptr)));
 }
 
-constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
-
-/// `out`: C's dtype when not a's (f32 for bf16 operands, kernels/gemm.h c_dtype).
-/// `bias_grad` (2-D a and b only): receives the sums of a's rows, from the same
-/// GEMM (Note [Fused bias gradient] in kernels/gemm.h).
-Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out = std::nullopt,
-                  Tensor* bias_grad = nullptr) {
+Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out, Tensor* bias_grad) {
   detail::check_defined("matmul", a, "a");
   detail::check_defined("matmul", b, "b");
   detail::check_same_device("matmul", a, b);
@@ -157,9 +160,6 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out = s
   return y;
 }
 
-/// dW = dY^T X and, with `bias`, db = the column sums of dY, both in `dt`,
-/// from one GEMM when dY is a plain [rows, out] matrix (Note [Fused bias
-/// gradient]); dY [rows, out], X [rows, in].
 std::pair<Tensor, Tensor> weight_and_bias_grad(const Tensor& gy, const Tensor& x, DType dt, bool bias) {
   if (!bias || gy.numel() == 0 || x.size(1) == 0 || !gy.is_contiguous())
     return {matmul_raw(gy.t(), x, dt), bias ? sum(gy, {0}, false, dt) : Tensor()};
@@ -168,7 +168,38 @@ std::pair<Tensor, Tensor> weight_and_bias_grad(const Tensor& gy, const Tensor& x
   return {gw, gb};
 }
 
-}  // namespace
+Tensor linear_raw(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act, Tensor* pre) {
+  const int64_t rows = x.size(0), in = w.size(1), out = w.size(0);
+  Tensor y = empty({rows, out}, x.options());
+  if (pre) *pre = act == Activation::Gelu ? empty({rows, out}, x.options()) : Tensor();
+  if (rows == 0) return y;
+  kernels::GemmArgs g;
+  g.dtype = x.dtype();
+  g.m = rows;
+  g.n = out;
+  g.k = in;
+  g.a = x.data_ptr();
+  g.lda = in;
+  g.b = w.data_ptr();
+  g.ldb = in;
+  g.trans_b = true;
+  g.c = y.data_ptr();
+  g.ldc = out;
+  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  g.epilogue = act == Activation::Gelu
+                   ? (bias.defined() ? kernels::Epilogue::BiasGelu : kernels::Epilogue::Gelu)
+                   : (bias.defined() ? kernels::Epilogue::Bias : kernels::Epilogue::None);
+  g.pre_gelu = pre && pre->defined() ? pre->data_ptr() : nullptr;
+  if (in == 0) {
+    y.zero_();
+    if (bias.defined()) y.add_(bias);
+  } else {
+    run_gemm(g, x.device());
+  }
+  return y;
+}
+
+}  // namespace detail
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor y = matmul_raw(a, b);
@@ -221,34 +252,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   Tensor x2 = x.reshape({-1, in}).contiguous();
   Tensor wc = w.contiguous();
   Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
-  const int64_t rows = x2.size(0);
-  Tensor y = empty({rows, out}, x.options());
-  Tensor pre = act == Activation::Gelu && need_grad ? empty({rows, out}, x.options()) : Tensor();
-  if (rows > 0) {
-    kernels::GemmArgs g;
-    g.dtype = x.dtype();
-    g.m = rows;
-    g.n = out;
-    g.k = in;
-    g.a = x2.data_ptr();
-    g.lda = in;
-    g.b = wc.data_ptr();
-    g.ldb = in;
-    g.trans_b = true;
-    g.c = y.data_ptr();
-    g.ldc = out;
-    g.bias = bc.defined() ? bc.data_ptr() : nullptr;
-    g.epilogue = act == Activation::Gelu
-                     ? (bc.defined() ? kernels::Epilogue::BiasGelu : kernels::Epilogue::Gelu)
-                     : (bc.defined() ? kernels::Epilogue::Bias : kernels::Epilogue::None);
-    g.pre_gelu = pre.defined() ? pre.data_ptr() : nullptr;
-    if (in == 0) {
-      y.zero_();
-      if (bc.defined()) y.add_(bc);
-    } else {
-      run_gemm(g, x.device());
-    }
-  }
+  Tensor pre;
+  Tensor y = detail::linear_raw(x2, wc, bc, act, need_grad ? &pre : nullptr);
   Shape ys = x.shape();
   ys.back() = out;
   y = y.view(ys);

@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include "kernels/common/tf32.h"
+#include "kernels/gelu.h"
 #include "kernels/gemm.h"
+#include "kernels/reduce.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -23,6 +25,11 @@ namespace cpu = kernels::cpu;
 
 double gelu_ref(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+/// d gelu_ref(x) / dx.
+double gelu_grad_ref(double x) {
+  const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
 struct Case {
@@ -210,6 +217,79 @@ TEST(GemmCpu, BiasGradIsTheSumOfOpAOverK) {
       }
 }
 
+// Note [GELU-gradient epilogue]: DGelu multiplies the product by gelu' at
+// gelu_in (read with its own leading dimension), DGeluBgrad also sums the
+// stored C's columns into bias_grad (f32 for bf16), against a double
+// reference in every dtype, f32 also as 3xTF32, both transposes, k = 0
+// included. In strict f32 the bits are those of the plain GEMM, then the
+// gelu_backward kernel and the reduction.
+TEST(GemmCpu, DGeluIsTheGeluGradientOfTheProduct) {
+  uint32_t seed = 6000;
+  for (DType dt : kFloatTypes)
+    for (GemmMath math : {GemmMath::Strict, GemmMath::Tf32x3})
+      for (bool bgrad : {false, true})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{37}}) {
+              if (math == GemmMath::Tf32x3 && dt != DType::F32) continue;
+              const int64_t m = 13, n = 11, ldc = bgrad ? n : n + 2, ldp = n + 5;
+              SCOPED_TRACE(bt::cat(dtype_name(dt), " math=", static_cast<int>(math), " bgrad=", bgrad,
+                                   " ta=", ta, " tb=", tb, " k=", k));
+              const DType bdt = dt == DType::BF16 ? DType::F32 : dt;
+              const Buf A = rand_buf(dt, std::max<int64_t>(m * k, 1), seed++),
+                        B = rand_buf(dt, std::max<int64_t>(k * n, 1), seed++),
+                        P = rand_buf(dt, m * ldp, seed++, 2.0);
+              Buf C(dt, m * ldc), db(bdt, n);
+              GemmArgs g;
+              g.dtype = dt, g.math = math;
+              g.m = m, g.n = n, g.k = k, g.trans_a = ta, g.trans_b = tb;
+              g.lda = std::max<int64_t>(ta ? m : k, 1), g.ldb = std::max<int64_t>(tb ? k : n, 1), g.ldc = ldc;
+              g.alpha = 0.75f;
+              g.a = A.data(), g.b = B.data(), g.c = C.data();
+              g.epilogue = bgrad ? Epilogue::DGeluBgrad : Epilogue::DGelu;
+              g.gelu_in = P.data(), g.ld_gelu_in = ldp;
+              if (bgrad) g.bias_grad = db.data(), g.bias_grad_dtype = bdt;
+              cpu::gemm(g);
+              std::vector<double> got, ref, db_ref(n, 0.0);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  double acc = 0;
+                  for (int64_t p = 0; p < k; ++p)
+                    acc += A.get(ta ? p * m + i : i * k + p) * B.get(tb ? j * k + p : p * n + j);
+                  ref.push_back(g.alpha * acc * gelu_grad_ref(P.get(i * ldp + j)));
+                  got.push_back(C.get(i * ldc + j));
+                  db_ref[j] += got.back();
+                }
+              EXPECT_LT(rel_err(got, ref), tol(dt));
+              if (bgrad) {
+                EXPECT_LT(rel_err(db.vals(), db_ref), tol(bdt)) << "bias_grad";
+              }
+              if (dt != DType::F32 || math != GemmMath::Strict) continue;
+              // The unfused ops, row by row (C and gelu_in have their own lds).
+              Buf C2(dt, m * ldc), db2(bdt, n);
+              GemmArgs plain = g;
+              plain.epilogue = Epilogue::None, plain.gelu_in = nullptr, plain.bias_grad = nullptr;
+              plain.c = C2.data();
+              cpu::gemm(plain);
+              const float* pre = reinterpret_cast<const float*>(P.data());
+              float* c2 = reinterpret_cast<float*>(C2.data());
+              for (int64_t i = 0; i < m; ++i)
+                kernels::cpu::gelu_backward(dt, pre + i * ldp, c2 + i * ldc, c2 + i * ldc, n);
+              EXPECT_EQ(C.bytes, C2.bytes) << "C differs from the GEMM, then gelu_backward";
+              if (!bgrad) continue;
+              kernels::cpu::reduce_dim(kernels::ReduceOp::Sum, dt, bdt, C.data(), db2.data(), 1, m, n);
+              EXPECT_EQ(db.bytes, db2.bytes) << "bias_grad differs from the reduction";
+            }
+  // No rows: a zero bias gradient.
+  std::vector<float> db(3, 7.0f), in(1);
+  GemmArgs g;
+  g.m = 0, g.n = 3, g.k = 2, g.lda = 2, g.ldb = 3, g.ldc = 3, g.ld_gelu_in = 3;
+  g.a = g.b = g.gelu_in = in.data(), g.c = in.data(), g.bias_grad = db.data();
+  g.epilogue = Epilogue::DGeluBgrad;
+  cpu::gemm(g);
+  EXPECT_EQ(db, std::vector<float>(3, 0.0f));
+}
+
 TEST(GemmCpu, Errors) {
   std::vector<float> buf(64, 1.0f);
   GemmArgs g;
@@ -250,7 +330,8 @@ TEST(GemmCpu, Errors) {
   g.c_dtype.reset();
   g.bias_grad = buf.data() + 48;
   g.epilogue = Epilogue::Bias;
-  expect_error([&] { cpu::gemm(g); }, "gemm: bias_grad needs Epilogue::None and one batch item");
+  expect_error([&] { cpu::gemm(g); },
+               "gemm: bias_grad needs Epilogue::None or DGeluBgrad, and one batch item");
   g.epilogue = Epilogue::None;
   g.batch = 2;
   g.stride_a = g.stride_b = g.stride_c = 4;
@@ -258,6 +339,32 @@ TEST(GemmCpu, Errors) {
   g.batch = 1;
   g.lda = 3;
   expect_error([&] { cpu::gemm(g); }, "gemm: bias_grad needs an A without padding (lda 3, expected 2)");
+  // The GELU-gradient epilogues: beta 0, one batch item, gelu_in with its ld,
+  // and for DGeluBgrad bias_grad over a C without padding.
+  g.lda = 2;
+  g.bias_grad = nullptr;
+  g.epilogue = Epilogue::DGelu;
+  g.batch = 2;
+  expect_error([&] { cpu::gemm(g); }, "gemm: the DGelu epilogues need beta == 0 and one batch item");
+  g.batch = 1;
+  g.gelu_in = buf.data() + 40;
+  g.ld_gelu_in = 1;
+  expect_error([&] { cpu::gemm(g); }, "gemm: ld_gelu_in 1 is smaller than n = 2");
+  g.ld_gelu_in = 2;
+  g.beta = 1.0f;
+  expect_error([&] { cpu::gemm(g); }, "beta == 0");
+  g.beta = 0.0f;
+  g.gelu_in = nullptr;
+  expect_error([&] { cpu::gemm(g); }, "gemm: the DGelu epilogues need gelu_in");
+  g.gelu_in = buf.data() + 40;
+  g.epilogue = Epilogue::DGeluBgrad;
+  expect_error([&] { cpu::gemm(g); }, "gemm: DGeluBgrad needs bias_grad (use DGelu for no bias gradient)");
+  g.bias_grad = buf.data() + 48;
+  g.ldc = 3;
+  expect_error([&] { cpu::gemm(g); }, "gemm: DGeluBgrad needs a C without padding (ldc 3, expected 2)");
+  g.ldc = 2;
+  g.bias_grad_dtype = DType::F64;
+  expect_error([&] { cpu::gemm(g); }, "gemm: f32 into f64 is not supported");
 }
 
 }  // namespace

@@ -2,14 +2,16 @@
 // padding, alpha/beta, batches (including a broadcast B), and the bias / GELU /
 // bias+GELU epilogues with the pre-GELU aux output; f32, f32+tf32, f32 as
 // 3xTF32 and bf16; bf16 operands into an f32 C (GemmArgs::c_dtype), written
-// and accumulated. The f32+tf32 tolerance is derived (Note [TF32 tolerance]),
-// and a host test shows that it rejects a GEMM on bf16-rounded inputs. 3xTF32
-// (Note [3xTF32] in kernels/gemm.h) also runs in pieces that a smaller scratch
-// forces (their choice is checked on the host), is checked against float64,
-// and rounds as the CPU does.
+// and accumulated; the bias gradient of a weight-gradient GEMM, and the GELU
+// gradient with its bias gradient (DGelu, DGeluBgrad). The f32+tf32 tolerance
+// is derived (Note [TF32 tolerance]), and a host test shows that it rejects a
+// GEMM on bf16-rounded inputs. 3xTF32 (Note [3xTF32] in kernels/gemm.h) also
+// runs in pieces that a smaller scratch forces (their choice is checked on the
+// host), is checked against float64, and rounds as the CPU does.
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -360,6 +362,86 @@ TEST(CudaGemm, BiasGradMatchesCpu) {
         // bf16 operands into an f32 C: exact products, f32's tolerance.
         const double c_tol = pr.dt == DType::BF16 ? 1e-5 : tolerance(pr, k, m * n);
         if (k > 0) BT_EXPECT_REL(c, C_ref.vals(), c_tol, "C");
+      }
+}
+
+// Note [GELU-gradient epilogue] on the GPU: C = gelu'(gelu_in) * (alpha
+// op(A) op(B)) and, for DGeluBgrad, bias_grad = the sums of C's columns (f32
+// for bf16), from cuBLASLt's DGELU_BGRAD or DGELU epilogue or, where it
+// refuses them, from the kernels, in every math, against the CPU. GPT-2's MLP
+// input-gradient shape (dY [rows, C] times W2 [C, 4C], both as they lie), an
+// odd shape whose gelu_in ld breaks cuBLASLt's aux rule (the kernels must
+// run), and k = 0 (zeros). The same call twice gives the same bits. Prints
+// the cuBLASLt epilogue each case ran (208: DGELU_BGRAD, 192: DGELU, 1: none).
+TEST(CudaGemm, DGeluMatchesCpu) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  struct Shape {
+    int64_t m, n, k, ldp;
+    bool ta, tb;
+  };
+  const Shape shapes[] = {{512, 3072, 768, 3072, false, false},
+                          {33, 17, 129, 21, true, true},  // ld_gelu_in % 8 != 0: no cuBLASLt aux
+                          {64, 128, 64, 136, false, true},
+                          {5, 8, 0, 8, false, false}};
+  for (const Precision& pr : kPrecisions)
+    for (bool bgrad : {true, false})
+      for (const Shape& sh : shapes) {
+        const int64_t m = sh.m, n = sh.n, k = sh.k;
+        SCOPED_TRACE(bt::cat(pr.name, " bgrad=", bgrad, " m=", m, " n=", n, " k=", k, " ldp=", sh.ldp));
+        const DType dt = pr.dt, bdt = DType::F32;
+        const HostBuf A = random_buf(dt, std::max<int64_t>(m * k, 1), gen),
+                      B = random_buf(dt, std::max<int64_t>(k * n, 1), gen),
+                      P = random_buf(dt, m * sh.ldp, gen, -3.0, 3.0);
+        GemmArgs g;
+        g.dtype = dt;
+        g.math = pr.math;
+        g.m = m, g.n = n, g.k = k, g.trans_a = sh.ta, g.trans_b = sh.tb;
+        g.lda = std::max<int64_t>(sh.ta ? m : k, 1), g.ldb = std::max<int64_t>(sh.tb ? k : n, 1), g.ldc = n;
+        g.alpha = 0.5f;
+        g.epilogue = bgrad ? Epilogue::DGeluBgrad : Epilogue::DGelu;
+        g.ld_gelu_in = sh.ldp;
+        if (bgrad) g.bias_grad_dtype = bdt;
+        HostBuf C_ref(dt, m * n), db_ref(bdt, n);
+        GemmArgs gc = g;
+        gc.a = A.data(), gc.b = B.data(), gc.c = C_ref.data(), gc.gelu_in = P.data();
+        if (bgrad) gc.bias_grad = db_ref.data();
+        cpu::gemm(gc);
+        DevBuf dA(A), dB(B), dP(P), dC(static_cast<size_t>(m * n) * dtype_size(dt)),
+            dC2(static_cast<size_t>(m * n) * dtype_size(dt)), db(static_cast<size_t>(n) * 4),
+            db2(static_cast<size_t>(n) * 4), scratch(std::max<size_t>(cuda::gemm_scratch_floats(g), 1) * 4);
+        dC.poison(), db.poison();
+        g.a = dA.get(), g.b = dB.get(), g.gelu_in = dP.get();
+        g.c = dC.get(), g.bias_grad = bgrad ? db.get() : nullptr;
+        cuda::gemm(g, nullptr, scratch.as<float>());
+        const uint32_t epi = cuda::last_lt_epilogue();
+        g.c = dC2.get(), g.bias_grad = bgrad ? db2.get() : nullptr;
+        cuda::gemm(g, nullptr, scratch.as<float>());
+        if (k > 0)
+          std::cout << describe(pr, Case{m, n, k}) << " bgrad=" << bgrad << ": cuBLASLt epilogue " << epi
+                    << "\n";
+        if (k > 0 && sh.ldp % 8 != 0) {
+          EXPECT_EQ(epi, static_cast<uint32_t>(CUBLASLT_EPILOGUE_DEFAULT));
+        }
+        const std::vector<double> c = dC.to_host(dt, m * n).vals();
+        EXPECT_EQ(c, dC2.to_host(dt, m * n).vals()) << "C is not repeatable";
+        if (k == 0) {
+          EXPECT_EQ(c, std::vector<double>(m * n, 0.0));
+        } else {
+          BT_EXPECT_REL(c, C_ref.vals(), tolerance(pr, k, m * n), "C");
+        }
+        if (!bgrad) continue;
+        const HostBuf got = db.to_host(bdt, n);
+        EXPECT_EQ(got.vals(), db2.to_host(bdt, n).vals()) << "bias_grad is not repeatable";
+        // Sums of m values within C's tolerance of the CPU's, in another
+        // order: C's tolerance over the n sums, plus f32's rounding of m terms.
+        if (k == 0) {
+          EXPECT_EQ(got.vals(), std::vector<double>(n, 0.0));
+        } else {
+          BT_EXPECT_REL(got.vals(), db_ref.vals(), tolerance(pr, k, n) + 8 * std::sqrt(double(m)) * 0x1p-24,
+                        "bias_grad");
+        }
       }
 }
 

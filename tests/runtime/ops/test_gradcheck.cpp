@@ -72,6 +72,21 @@ TEST(Gradcheck, Linear) {
                         {leaf({3, 4}, 49), leaf({6, 4}, 50)}));
 }
 
+// Note [Fused MLP backward]: the GELU gradient and the first bias gradient
+// from one GEMM's epilogue; also without biases and under selective
+// recompute (GELU as its own kernel, its output rebuilt in backward).
+TEST(Gradcheck, Mlp) {
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return mlp(v[0], v[1], v[2], v[3], v[4]); },
+                {leaf({2, 3, 4}, 51), leaf({6, 4}, 52), leaf({6}, 53), leaf({5, 6}, 54), leaf({5}, 55)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return mlp(v[0], v[1], Tensor(), v[2], Tensor()); },
+                        {leaf({3, 4}, 56), leaf({7, 4}, 57), leaf({2, 7}, 58)}));
+  autograd::RecomputeGuard selective(Recompute::Selective);
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return mlp(v[0], v[1], v[2], v[3], v[4]); },
+                {leaf({3, 4}, 59), leaf({8, 4}, 60), leaf({8}, 61), leaf({4, 8}, 62), leaf({4}, 63)}));
+}
+
 TEST(Gradcheck, GeluAndLayerNorm) {
   EXPECT_TRUE(gradcheck([](const V& v) { return gelu(v[0]); }, {leaf({3, 5}, 51, -3.0, 3.0)}));
   EXPECT_TRUE(gradcheck([](const V& v) { return layer_norm(v[0], v[1], v[2]); },

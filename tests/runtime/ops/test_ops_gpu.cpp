@@ -1,6 +1,7 @@
 // The runtime on CUDA against the runtime on CPU: every op's forward and
-// backward through the public API (dispatch, views, autograd), in f32 and
-// bf16, plus seeded-RNG identity and host<->device copies on streams.
+// backward through the public API (dispatch, views, autograd; the fused MLP
+// also under selective recompute), in f32 and bf16, plus seeded-RNG identity
+// and host<->device copies on streams.
 #include <cmath>
 #include <functional>
 
@@ -146,6 +147,26 @@ TEST_P(OpsGpu, MatmulAndLinear) {
   compare(
       "linear+gelu", [](auto& v) { return linear(v[0], v[1], v[2], Activation::Gelu); },
       {{37, 64}, {96, 64}, {96}}, dt, tol);
+}
+
+// The fused MLP (Note [Fused MLP backward]) with and without selective
+// recompute; hidden 256 lets cuBLASLt's DGELU epilogue read pre, hidden 100
+// does not (ld % 8 != 0), so its GELU gradient runs as a kernel.
+TEST_P(OpsGpu, Mlp) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
+  for (int64_t hidden : {256, 100})
+    for (Recompute mode : {Recompute::None, Recompute::Selective}) {
+      SCOPED_TRACE(bt::cat("hidden ", hidden, " recompute ", recompute_name(mode)));
+      compare(
+          "mlp",
+          [mode](auto& v) {
+            autograd::RecomputeGuard guard(mode);
+            return mlp(v[0], v[1], v[2], v[3], v[4]);
+          },
+          {{2, 37, 64}, {hidden, 64}, {hidden}, {64, hidden}, {64}}, dt, tol);
+    }
 }
 
 TEST_P(OpsGpu, TransformerOps) {

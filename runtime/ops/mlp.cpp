@@ -1,0 +1,142 @@
+#include "runtime/ops/mlp.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "kernels/gemm.h"
+#include "runtime/autograd/function.h"
+#include "runtime/autograd/recompute.h"
+#include "runtime/ops/dispatch.h"
+#include "runtime/ops/gelu.h"
+#include "runtime/ops/gemm_call.h"
+#include "runtime/tensor/factory.h"
+
+namespace bt {
+
+// Note [Fused MLP backward]
+// GPT-2's MLP is y = h W2^T + b2 with h = gelu(pre), pre = x W1^T + b1. Run
+// as two linears and a GELU, its backward makes dH = dY W2 (a GEMM), then
+// dPre = gelu'(pre) * dH (the GELU backward kernel: three passes over a
+// [rows, 4C] activation, about 3% of a bf16 GPT-2 step on an H100), then the
+// first layer's GEMMs, its bias gradient in the weight gradient's epilogue.
+// As one op, dH's GEMM takes the GELU's derivative in its epilogue
+// (DGeluBgrad, Note [GELU-gradient epilogue] in kernels/gemm.h), which also
+// sums dPre's columns into b1's gradient: dH is never stored, and W1's
+// weight-gradient GEMM needs no bias-gradient epilogue. W2's gradients come
+// first, from h (rebuilt under selective recompute), and h is dropped before
+// dPre is made, so the backward holds one [rows, 4C] buffer besides pre.
+//   The forward is the one the two linears run (runtime/ops/matmul.cpp):
+// under selective recompute with a graph, and always under full (Note
+// [Checkpointed regions]), GELU is its own kernel on pre, so that h's recipe
+// -- the same kernel on the saved pre, Note [Selective recompute] -- rebuilds
+// its bits; otherwise the GEMM's GELU epilogue writes h and, for the
+// backward, pre. bf16 operands give f32 weight and bias gradients straight
+// from the GEMMs (c_dtype, and bias_grad_dtype for b1) and a bf16 input
+// gradient (Note [Gradients in a wider dtype], runtime/autograd/engine.cpp).
+
+namespace {
+
+using autograd::Grads;
+
+/// dPre = gelu'(pre) * (dY W2) for dY [rows, out], W2 [out, hidden] and pre
+/// [rows, hidden], all contiguous; with `bias_grad` ([hidden], in its dtype),
+/// also the column sums of dPre: one GEMM (Note [Fused MLP backward]).
+Tensor gelu_grad_matmul(const Tensor& gy, const Tensor& w, const Tensor& pre, Tensor* bias_grad) {
+  const int64_t rows = gy.size(0), out = w.size(0), hidden = w.size(1);
+  BT_ASSERT(gy.is_contiguous() && w.is_contiguous() && pre.is_contiguous() && pre.dtype() == gy.dtype() &&
+            w.dtype() == gy.dtype() && pre.size(0) == rows && pre.size(1) == hidden);
+  Tensor dpre = empty({rows, hidden}, gy.options());
+  if (rows == 0) {
+    if (bias_grad) bias_grad->zero_();
+    return dpre;
+  }
+  kernels::GemmArgs g;
+  g.dtype = gy.dtype();
+  g.m = rows;
+  g.n = hidden;
+  g.k = out;
+  g.a = gy.data_ptr();
+  g.lda = std::max<int64_t>(out, 1);
+  g.b = w.data_ptr();
+  g.ldb = hidden;
+  g.c = dpre.data_ptr();
+  g.ldc = hidden;
+  g.epilogue = bias_grad ? kernels::Epilogue::DGeluBgrad : kernels::Epilogue::DGelu;
+  g.gelu_in = pre.data_ptr();
+  g.ld_gelu_in = hidden;
+  if (bias_grad) {
+    g.bias_grad = bias_grad->data_ptr();
+    if (bias_grad->dtype() != g.dtype) g.bias_grad_dtype = bias_grad->dtype();
+  }
+  detail::run_gemm(g, gy.device());
+  return dpre;
+}
+
+void check_layer(const Tensor& x, const Tensor& w, const Tensor& b, const char* w_name, const char* b_name) {
+  detail::check_defined("mlp", w, w_name);
+  detail::check_same_device("mlp", x, w);
+  detail::check_same_dtype("mlp", x, w);
+  detail::check_dim("mlp", w, w_name, 2);
+  if (!b.defined()) return;
+  detail::check_same_device("mlp", x, b);
+  detail::check_same_dtype("mlp", x, b);
+  BT_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "mlp: ", b_name, " shape ", shape_str(b.shape()),
+           " does not match the ", w.size(0), " output features of ", w_name, " ", shape_str(w.shape()));
+}
+
+}  // namespace
+
+Tensor mlp(const Tensor& x, const Tensor& fc_w, const Tensor& fc_b, const Tensor& out_w,
+           const Tensor& out_b) {
+  detail::check_defined("mlp", x, "x");
+  detail::check_dtype("mlp", x, "x", {DType::F32, DType::F64, DType::BF16});
+  check_layer(x, fc_w, fc_b, "fc_w", "fc_b");
+  check_layer(x, out_w, out_b, "out_w", "out_b");
+  BT_CHECK(x.dim() >= 1 && x.size(-1) == fc_w.size(1), "mlp: input features ", x.dim() ? x.size(-1) : 0,
+           " (x shape ", shape_str(x.shape()), ") do not match fc_w shape ", shape_str(fc_w.shape()),
+           " [hidden, in]");
+  BT_CHECK(out_w.size(1) == fc_w.size(0), "mlp: out_w shape ", shape_str(out_w.shape()),
+           " [out, hidden] does not take the ", fc_w.size(0), " hidden features of fc_w ",
+           shape_str(fc_w.shape()));
+  const bool need_grad = autograd::any_requires_grad({&x, &fc_w, &fc_b, &out_w, &out_b});
+  const Recompute rc = autograd::recompute_mode();
+  const bool gelu_kernel = rc == Recompute::Full || (rc == Recompute::Selective && need_grad);
+  const int64_t in = fc_w.size(1), hidden = fc_w.size(0), out = out_w.size(0);
+  Tensor x2 = x.reshape({-1, in}).contiguous();
+  Tensor w1 = fc_w.contiguous(), w2 = out_w.contiguous();
+  Tensor b1 = fc_b.defined() ? fc_b.contiguous() : Tensor(),
+         b2 = out_b.defined() ? out_b.contiguous() : Tensor();
+  Tensor pre, h;
+  if (gelu_kernel) {
+    pre = detail::linear_raw(x2, w1, b1, Activation::None);
+    h = gelu(pre);  // pre needs no gradient: not recorded
+  } else {
+    h = detail::linear_raw(x2, w1, b1, Activation::Gelu, need_grad ? &pre : nullptr);
+  }
+  Tensor y = detail::linear_raw(h, w2, b2, Activation::None);
+  Shape ys = x.shape();
+  ys.back() = out;
+  y = y.view(ys);
+  if (!need_grad) return y;
+  autograd::make_recomputable(h, [sp = SavedTensor(pre, "mlp")] { return gelu(sp.unpack()); });
+  autograd::record("MlpBackward", {&x, &fc_w, &fc_b, &out_w, &out_b}, y,
+                   [sx = SavedTensor(x2, "mlp"), sw1 = SavedTensor(w1, "mlp"), spre = SavedTensor(pre, "mlp"),
+                    sh = SavedTensor(h, "mlp"), sw2 = SavedTensor(w2, "mlp"), xs = x.shape(),
+                    has_b1 = fc_b.defined(), has_b2 = out_b.defined(), hidden, out](Grads& g) -> Grads {
+                     Tensor gy = g[0].reshape({-1, out}).contiguous();
+                     // Note [Gradients in a wider dtype]: f32 gradients for bf16 copies of f32 masters.
+                     const DType gdt = gy.dtype() == DType::BF16 ? DType::F32 : gy.dtype();
+                     // W2's gradients first: h (rebuilt under selective recompute) is
+                     // dropped before dPre is made (Note [Fused MLP backward]).
+                     Tensor gw2, gb2;
+                     std::tie(gw2, gb2) = detail::weight_and_bias_grad(gy, sh.unpack(), gdt, has_b2);
+                     Tensor gb1 = has_b1 ? empty({hidden}, gy.options().with_dtype(gdt)) : Tensor();
+                     Tensor dpre = gelu_grad_matmul(gy, sw2.unpack(), spre.unpack(), has_b1 ? &gb1 : nullptr);
+                     Tensor gw1 = detail::matmul_raw(dpre.t(), sx.unpack(), gdt);
+                     Tensor gx = detail::matmul_raw(dpre, sw1.unpack()).reshape(xs);
+                     return {gx, gw1, gb1, gw2, gb2};
+                   });
+  return y;
+}
+
+}  // namespace bt
