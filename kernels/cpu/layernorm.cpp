@@ -1,4 +1,5 @@
-// CPU LayerNorm over the last dimension (F32, F64, BF16).
+// CPU LayerNorm over the last dimension (F32, F64, BF16; f32 parameters with
+// BF16 activations), with the residual add of Note [Residual into LayerNorm].
 //
 // Note on F64: mean and rstd are float by contract. The F64 forward computes
 // y from the double statistics and stores them rounded to float; the F64
@@ -28,13 +29,44 @@ A row_mean(const T* x, int64_t cols) {
 /// Rows per chunk; a constant of the shape (Note [Deterministic CPU parallelism]).
 int64_t row_grain(int64_t cols) { return grain_for(cols, int64_t{1} << 14); }
 
-template <class T>
-void forward_impl(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
-                  int64_t cols, float eps) {
+/// Calls f(type_identity<T>, type_identity<W>, type_identity<G>) with the
+/// storage types of the activations, the parameters and their gradients.
+template <class F>
+void dispatch_ln(LnTypes t, const char* kernel, F&& f) {
+  check_ln_types(t, kernel);
+  detail::dispatch_float(t.x, kernel, [&]<class T>(std::type_identity<T> tt) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      auto with_w = [&]<class W>(std::type_identity<W> tw) {
+        if (t.g == DType::F32)
+          f(tt, tw, std::type_identity<float>{});
+        else
+          f(tt, tw, tt);
+      };
+      if (t.w == DType::F32)
+        with_w(std::type_identity<float>{});
+      else
+        with_w(tt);
+    } else {
+      f(tt, tt, tt);
+    }
+  });
+}
+
+/// res null: y = LN(x). Else s = x + res, rounded to T, and y = LN(s) (Note
+/// [Residual into LayerNorm]).
+template <class T, class W>
+void forward_impl(const T* x, const T* res, int64_t res_rows, const W* w, const W* b, T* s, T* y, float* mean,
+                  float* rstd, int64_t rows, int64_t cols, float eps) {
   using A = acc_t<T>;
   parallel_for(0, rows, row_grain(cols), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * cols;
+      if (res) {
+        T* sr = s + r * cols;
+        const T* rr = res + (r % res_rows) * cols;
+        for (int64_t j = 0; j < cols; ++j) store(sr, j, load(xr, j) + load(rr, j));
+        xr = sr;
+      }
       T* yr = y + r * cols;
       const A mu = row_mean(xr, cols);
       A var = 0;
@@ -56,12 +88,13 @@ void forward_impl(const T* x, const T* w, const T* b, T* y, float* mean, float* 
   });
 }
 
-/// dx row by row; dw and db as one partial sum per chunk of rows (summed over
-/// its rows in order), then the partials added in chunk order: the same bits
-/// for any thread count (Note [Deterministic CPU parallelism]).
-template <class T>
-void backward_impl(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, T* dw,
-                   T* db, int64_t rows, int64_t cols) {
+/// dx row by row (plus dres when given); dw and db as one partial sum per
+/// chunk of rows (summed over its rows in order), then the partials added in
+/// chunk order: the same bits for any thread count (Note [Deterministic CPU
+/// parallelism]).
+template <class T, class W, class G>
+void backward_impl(const T* dy, const T* x, const W* w, const float* mean, const float* rstd, const T* dres,
+                   T* dx, G* dw, G* db, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   const int64_t grain = row_grain(cols), nchunks = num_chunks(0, rows, grain);
   const size_t C = static_cast<size_t>(cols);
@@ -90,7 +123,11 @@ void backward_impl(const T* dy, const T* x, const T* w, const float* mean, const
       c2 /= static_cast<A>(cols);
       if (dx) {
         T* dxr = dx + r * cols;
-        for (int64_t j = 0; j < cols; ++j) store(dxr, j, rs * (g[j] - c1 - xhat[j] * c2));
+        const T* dr = dres ? dres + r * cols : nullptr;
+        for (int64_t j = 0; j < cols; ++j) {
+          const A v = rs * (g[j] - c1 - xhat[j] * c2);
+          store(dxr, j, dr ? v + load(dr, j) : v);
+        }
       }
     }
   });
@@ -105,28 +142,54 @@ void backward_impl(const T* dy, const T* x, const T* w, const float* mean, const
   }
 }
 
-}  // namespace
-
-void layernorm_forward(DType dt, const void* x, const void* w, const void* b, void* y, float* mean,
-                       float* rstd, int64_t rows, int64_t cols, float eps) {
-  detail::check_count("layernorm_forward", "rows", rows);
-  BT_CHECK(cols > 0, "layernorm_forward: cols must be > 0, got ", cols);
-  detail::dispatch_float(dt, "layernorm_forward", [&]<class T>(std::type_identity<T>) {
-    forward_impl(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
-                 static_cast<T*>(y), mean, rstd, rows, cols, eps);
-  });
+void check_shape(const char* kernel, int64_t rows, int64_t cols) {
+  detail::check_count(kernel, "rows", rows);
+  BT_CHECK(cols > 0, kernel, ": cols must be > 0, got ", cols);
 }
 
-void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, const float* mean,
-                        const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols) {
-  detail::check_count("layernorm_backward", "rows", rows);
-  BT_CHECK(cols > 0, "layernorm_backward: cols must be > 0, got ", cols);
+}  // namespace
+
+void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, void* y, float* mean,
+                       float* rstd, int64_t rows, int64_t cols, float eps) {
+  check_shape("layernorm_forward", rows, cols);
+  dispatch_ln(
+      t, "layernorm_forward",
+      [&]<class T, class W, class G>(std::type_identity<T>, std::type_identity<W>, std::type_identity<G>) {
+        forward_impl<T, W>(static_cast<const T*>(x), nullptr, 1, static_cast<const W*>(w),
+                           static_cast<const W*>(b), nullptr, static_cast<T*>(y), mean, rstd, rows, cols,
+                           eps);
+      });
+}
+
+void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_rows, const void* w,
+                           const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
+                           int64_t cols, float eps) {
+  check_shape("add_layernorm_forward", rows, cols);
+  BT_CHECK(r_rows > 0 && rows % r_rows == 0, "add_layernorm_forward: the residual's rows (", r_rows,
+           ") must divide the rows (", rows, ")");
+  BT_CHECK(rows == 0 || (x && r && s && y), "add_layernorm_forward: x, r, s and y must be non-null");
+  dispatch_ln(
+      t, "add_layernorm_forward",
+      [&]<class T, class W, class G>(std::type_identity<T>, std::type_identity<W>, std::type_identity<G>) {
+        forward_impl<T, W>(static_cast<const T*>(x), static_cast<const T*>(r), r_rows,
+                           static_cast<const W*>(w), static_cast<const W*>(b), static_cast<T*>(s),
+                           static_cast<T*>(y), mean, rstd, rows, cols, eps);
+      });
+}
+
+void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w, const float* mean,
+                        const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols,
+                        const void* dres) {
+  check_shape("layernorm_backward", rows, cols);
   BT_CHECK(rows == 0 || (mean != nullptr && rstd != nullptr),
            "layernorm_backward: mean and rstd from the forward are required");
-  detail::dispatch_float(dt, "layernorm_backward", [&]<class T>(std::type_identity<T>) {
-    backward_impl(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd,
-                  static_cast<T*>(dx), static_cast<T*>(dw), static_cast<T*>(db), rows, cols);
-  });
+  dispatch_ln(
+      t, "layernorm_backward",
+      [&]<class T, class W, class G>(std::type_identity<T>, std::type_identity<W>, std::type_identity<G>) {
+        backward_impl<T, W, G>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const W*>(w),
+                               mean, rstd, static_cast<const T*>(dres), static_cast<T*>(dx),
+                               static_cast<G*>(dw), static_cast<G*>(db), rows, cols);
+      });
 }
 
 }  // namespace bt::kernels::cpu

@@ -5,11 +5,22 @@
 // and kept in registers; mean and variance are two exact passes over registers.
 // Otherwise a scalar warp-per-row path reads the row three times.
 //
+// Parameters: w and b in the activations' dtype, or f32 under bf16 (each
+// lane's V values are then two 16-byte loads); dw and db likewise.
+// With a residual (Note [Residual into LayerNorm] in kernels/layernorm.h) the
+// fast path loads x and r, writes s = x + r rounded and keeps s in the
+// registers the plain forward loads x into; the scalar path writes s and
+// The path is chosen on s, y, w and b as the plain forward chooses it on its
+// x, y, w and b, so a recompute from s takes the same one. Where that is the
+// scalar path, or x or r is misaligned, s is first written by its own pass
+// and the plain forward reads it.
+//
 // Backward: dx per row as in the forward; dw/db are deterministic: warp w of
 // W = min(rows, kMaxPartials) warps handles rows w, w + W, ... and writes its own
 // partial sums to scratch[W][cols] (dw) and scratch[W][cols] (db); a second
 // kernel adds the W partials of each column in a fixed order. W depends only on
 // rows, so the result does not depend on the GPU either.
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -30,15 +41,38 @@ __device__ __forceinline__ void unpack(const Pack<T, kVec16<T>>& p, float* out) 
   for (int j = 0; j < kVec16<T>; ++j) out[j] = to_float(p.v[j]);
 }
 
+/// The V parameters of vector vi (elements vi * V ...) as floats, in 16-byte
+/// loads of W (one for W = T, two for f32 parameters of bf16 activations);
+/// all ones (or zeros) when p is null.
+template <typename W, int V>
+__device__ __forceinline__ void load_params(const W* p, int vi, float* out, float absent) {
+  constexpr int PV = kVec16<W>;
+  static_assert(V % PV == 0, "parameters no narrower than the activations");
+  if (p == nullptr) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = absent;
+    return;
+  }
+  const Pack<W, PV>* pp = reinterpret_cast<const Pack<W, PV>*>(p) + static_cast<int64_t>(vi) * (V / PV);
+#pragma unroll
+  for (int q = 0; q < V / PV; ++q) {
+    const Pack<W, PV> pk = pp[q];
+#pragma unroll
+    for (int j = 0; j < PV; ++j) out[q * PV + j] = to_float(pk.v[j]);
+  }
+}
+
 // ------------------------------------------------------------------ forward
 /// R rows per warp, each held in registers as K raw 16-byte packs per lane (raw
 /// packs halve the registers for bf16); all loads of the R rows are issued before
-/// the first reduction, so a warp keeps R * K * 512 bytes in flight.
-template <typename T, int K, int R>
+/// the first reduction, so a warp keeps R * K * 512 bytes in flight. With res,
+/// the packs hold s = x + res (written to s) instead of x.
+template <typename T, typename W, int K, int R>
 __global__ void __launch_bounds__(kThreads)
-    ln_fwd_fast_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                       T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
-                       int cols, float eps) {
+    ln_fwd_fast_kernel(const T* __restrict__ x, const T* __restrict__ res, int64_t res_rows,
+                       const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ s, T* __restrict__ y,
+                       float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int cols,
+                       float eps) {
   constexpr int V = kVec16<T>;
   using P = Pack<T, V>;
   const int lane = threadIdx.x & 31;
@@ -49,11 +83,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const P* px = reinterpret_cast<const P*>(x + (row0 + r) * cols);
+    const P* pr = res ? reinterpret_cast<const P*>(res + ((row0 + r) % res_rows) * cols) : nullptr;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int vi = lane + k * 32;
       if (row0 + r < rows && vi < nvec) {
         raw[r][k] = px[vi];
+        if (res) {
+          const P rv = pr[vi];
+#pragma unroll
+          for (int j = 0; j < V; ++j)
+            raw[r][k].v[j] = from_float<T>(to_float(raw[r][k].v[j]) + to_float(rv.v[j]));
+          reinterpret_cast<P*>(s + (row0 + r) * cols)[vi] = raw[r][k];
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) raw[r][k].v[j] = from_float<T>(0.0f);
@@ -86,25 +128,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     rs[r] = 1.0f / sqrtf(warp_sum(sq) * inv_cols + eps);
   }
-  const P* pw = reinterpret_cast<const P*>(w);
-  const P* pb = reinterpret_cast<const P*>(b);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int vi = lane + k * 32;
     if (vi < nvec) {
       float wv[V], bv[V];
-      if (w) {
-        unpack<T>(pw[vi], wv);
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) wv[j] = 1.0f;
-      }
-      if (b) {
-        unpack<T>(pb[vi], bv);
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) bv[j] = 0.0f;
-      }
+      load_params<W, V>(w, vi, wv, 1.0f);
+      load_params<W, V>(b, vi, bv, 0.0f);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (row0 + r < rows) {
@@ -128,9 +158,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
-    ln_fwd_generic_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+    ln_fwd_generic_kernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
                           T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                           int64_t cols, float eps) {
   const int lane = threadIdx.x & 31;
@@ -157,15 +187,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// s = x + res (res row i % res_rows), elementwise: the residual's own pass
+/// where the fast forward cannot take it.
+template <typename T>
+__global__ void residual_add_kernel(const T* __restrict__ x, const T* __restrict__ res, int64_t res_rows,
+                                    T* __restrict__ s, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols, rn = res_rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    stf(s + i, ldf(x + i) + ldf(res + i % rn));
+}
+
 // ------------------------------------------------------------------ backward
-/// Warp `gw` (global warp index) handles rows gw, gw + W, ...; dx is written per
-/// row, and the warp's dw/db partials (registers) go to scratch row gw.
-template <typename T, int K>
+/// Warp `gw` (global warp index) handles rows gw, gw + W, ...; dx (+ dres) is
+/// written per row, and the warp's dw/db partials (registers) go to scratch
+/// row gw.
+template <typename T, typename W, int K>
 __global__ void __launch_bounds__(kThreads)
-    ln_bwd_fast_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                       const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                       float* __restrict__ pdw, float* __restrict__ pdb, int64_t rows, int cols,
-                       int64_t nwarps) {
+    ln_bwd_fast_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
+                       const float* __restrict__ mean, const float* __restrict__ rstd,
+                       const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ pdw,
+                       float* __restrict__ pdb, int64_t rows, int cols, int64_t nwarps) {
   constexpr int V = kVec16<T>;
   using P = Pack<T, V>;
   const int lane = threadIdx.x & 31;
@@ -173,7 +215,6 @@ __global__ void __launch_bounds__(kThreads)
   if (gw >= nwarps) return;
   const int nvec = cols / V;
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  const P* pw = reinterpret_cast<const P*>(w);
   float acc_w[K][V], acc_b[K][V];
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -192,12 +233,7 @@ __global__ void __launch_bounds__(kThreads)
         float xv[V], gv[V], wv[V];
         unpack<T>(px[vi], xv);
         unpack<T>(pdy[vi], gv);
-        if (w) {
-          unpack<T>(pw[vi], wv);
-        } else {
-#pragma unroll
-          for (int j = 0; j < V; ++j) wv[j] = 1.0f;
-        }
+        load_params<W, V>(w, vi, wv, 1.0f);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float xh = (xv[j] - mu) * rs;
@@ -215,6 +251,7 @@ __global__ void __launch_bounds__(kThreads)
     s2 = warp_sum(s2) * inv_cols;
     if (dx == nullptr) continue;
     P* pdx = reinterpret_cast<P*>(dx + row * cols);
+    const P* pdr = dres ? reinterpret_cast<const P*>(dres + row * cols) : nullptr;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int vi = lane + k * 32;
@@ -222,17 +259,17 @@ __global__ void __launch_bounds__(kThreads)
         float xv[V], gv[V], wv[V];
         unpack<T>(px[vi], xv);
         unpack<T>(pdy[vi], gv);
-        if (w) {
-          unpack<T>(pw[vi], wv);
-        } else {
-#pragma unroll
-          for (int j = 0; j < V; ++j) wv[j] = 1.0f;
-        }
+        load_params<W, V>(w, vi, wv, 1.0f);
+        float rv[V];
+        if (pdr) unpack<T>(pdr[vi], rv);
         P out;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float xh = (xv[j] - mu) * rs;
-          out.v[j] = from_float<T>(rs * (__fmul_rn(gv[j], wv[j]) - s1 - xh * s2));
+          const float v = rs * (__fmul_rn(gv[j], wv[j]) - s1 - xh * s2);
+          // A rounded add (no FMA with the product): with f32 activations dx is
+          // then the bits of the LayerNorm's dx and dres added by their own pass.
+          out.v[j] = from_float<T>(pdr ? __fadd_rn(v, rv[j]) : v);
         }
         pdx[vi] = out;
       }
@@ -258,12 +295,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
-    ln_bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                          float* __restrict__ pdw, float* __restrict__ pdb, int64_t rows, int64_t cols,
-                          int64_t nwarps) {
+    ln_bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
+                          const float* __restrict__ mean, const float* __restrict__ rstd,
+                          const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ pdw,
+                          float* __restrict__ pdb, int64_t rows, int64_t cols, int64_t nwarps) {
   const int lane = threadIdx.x & 31;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (gw >= nwarps) return;
@@ -290,10 +327,12 @@ __global__ void __launch_bounds__(kThreads)
     s2 = warp_sum(s2) * inv_cols;
     if (dx == nullptr) continue;
     T* pdx = dx + row * cols;
+    const T* pdr = dres ? dres + row * cols : nullptr;
     for (int64_t j = lane; j < cols; j += 32) {
       const float xh = (ldf(px + j) - mu) * rs;
       const float g = __fmul_rn(ldf(pdy + j), w ? ldf(w + j) : 1.0f);
-      stf(pdx + j, rs * (g - s1 - xh * s2));
+      const float v = rs * (g - s1 - xh * s2);
+      stf(pdx + j, pdr ? __fadd_rn(v, ldf(pdr + j)) : v);  // rounded: see the fast kernel
     }
   }
 }
@@ -368,25 +407,59 @@ void check_sizes(const char* what, int64_t rows, int64_t cols) {
 
 int64_t num_partials(int64_t rows) { return rows < kMaxPartials ? rows : kMaxPartials; }
 
-}  // namespace
+/// Calls f(Tag<T>, Tag<W>, Tag<G>) with the types of the activations, the
+/// parameters and their gradients.
+template <typename F>
+void dispatch_ln(LnTypes t, const char* kernel, F&& f) {
+  check_ln_types(t, kernel);
+  dispatch_float(t.x, kernel, [&](auto tt) {
+    auto with_w = [&](auto wt) {
+      if (t.g == DType::F32)
+        f(tt, wt, Tag<float>{});
+      else
+        f(tt, wt, tt);
+    };
+    if (t.w == DType::F32)
+      with_w(Tag<float>{});
+    else
+      with_w(tt);
+  });
+}
 
-void layernorm_forward(DType dt, const void* x, const void* w, const void* b, void* y, float* mean,
-                       float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
-  check_sizes("layernorm_forward", rows, cols);
-  dispatch_float(dt, "layernorm_forward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+/// The forward with (res not null) or without the residual add.
+void forward(const char* kernel, LnTypes t, const void* x, const void* res, int64_t res_rows, const void* w,
+             const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps,
+             cudaStream_t stream) {
+  check_sizes(kernel, rows, cols);
+  dispatch_ln(t, kernel, [&](auto tt, auto wt, auto) {
+    using T = typename decltype(tt)::type;
+    using W = typename decltype(wt)::type;
     if (rows == 0) return;
-    BT_CHECK(cols > 0, "cuda layernorm_forward: cols must be positive");
-    BT_CHECK(x != nullptr && y != nullptr, "cuda layernorm_forward: null x or y");
+    BT_CHECK(cols > 0, "cuda ", kernel, ": cols must be positive");
+    BT_CHECK(x != nullptr && y != nullptr, "cuda ", kernel, ": null x or y");
+    BT_CHECK(res == nullptr || (s != nullptr && res_rows > 0 && rows % res_rows == 0), "cuda ", kernel,
+             ": the residual needs s, and its rows (", res_rows, ") must divide the rows (", rows, ")");
     const T* px = static_cast<const T*>(x);
-    const T* pw = static_cast<const T*>(w);
-    const T* pb = static_cast<const T*>(b);
+    const T* pr = static_cast<const T*>(res);
+    const W* pw = static_cast<const W*>(w);
+    const W* pb = static_cast<const W*>(b);
+    T* ps = static_cast<T*>(s);
     T* py = static_cast<T*>(y);
     constexpr int V = kVec16<T>;
-    const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock));
-    const bool vec_ok =
-        cols % V == 0 && aligned_to(px, 16) && aligned_to(py, 16) && aligned_to(pw, 16) && aligned_to(pb, 16);
+    // The path of the LayerNorm of what it normalizes (x, or s), as the plain forward picks it.
+    const T* ln_in = pr ? ps : px;
+    const bool vec_ok = cols % V == 0 && aligned_to(ln_in, 16) && aligned_to(py, 16) && aligned_to(pw, 16) &&
+                        aligned_to(pb, 16);
     const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
+    if (pr && (k == 0 || !aligned_to(px, 16) || !aligned_to(pr, 16))) {
+      // s by its own pass; the LayerNorm below is then the plain one on s.
+      const int64_t n = rows * cols;
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, int64_t{256}), 65535));
+      residual_add_kernel<T><<<grid, 256, 0, stream>>>(px, pr, res_rows, ps, rows, cols);
+      BT_KERNEL_CHECK();
+      px = ps;
+      pr = nullptr;
+    }
     const bool launched = with_k<16>(k, [&](auto kc) {
       constexpr int K = decltype(kc)::value;
       // R = 1: measured on an H100 at 64/256 MiB, R = 2 (or a register cap for more
@@ -394,13 +467,30 @@ void layernorm_forward(DType dt, const void* x, const void* w, const void* b, vo
       // for bf16 at 1024 cols; R = 1 reached 0.88-0.98 of D2D copy bandwidth.
       constexpr int R = 1;
       const unsigned fast_blocks = static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock * R));
-      ln_fwd_fast_kernel<T, K, R><<<fast_blocks, kThreads, 0, stream>>>(px, pw, pb, py, mean, rstd, rows,
-                                                                        static_cast<int>(cols), eps);
+      ln_fwd_fast_kernel<T, W, K, R><<<fast_blocks, kThreads, 0, stream>>>(
+          px, pr, res_rows, pw, pb, ps, py, mean, rstd, rows, static_cast<int>(cols), eps);
     });
-    if (!launched)
-      ln_fwd_generic_kernel<T><<<blocks, kThreads, 0, stream>>>(px, pw, pb, py, mean, rstd, rows, cols, eps);
+    if (!launched) {
+      const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock));
+      ln_fwd_generic_kernel<T, W>
+          <<<blocks, kThreads, 0, stream>>>(px, pw, pb, py, mean, rstd, rows, cols, eps);
+    }
     BT_KERNEL_CHECK();
   });
+}
+
+}  // namespace
+
+void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, void* y, float* mean,
+                       float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+  forward("layernorm_forward", t, x, nullptr, 1, w, b, nullptr, y, mean, rstd, rows, cols, eps, stream);
+}
+
+void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_rows, const void* w,
+                           const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
+                           int64_t cols, float eps, cudaStream_t stream) {
+  BT_CHECK(rows == 0 || r != nullptr, "cuda add_layernorm_forward: null residual");
+  forward("add_layernorm_forward", t, x, r, r_rows, w, b, s, y, mean, rstd, rows, cols, eps, stream);
 }
 
 size_t layernorm_backward_scratch_floats(int64_t rows, int64_t cols) {
@@ -408,19 +498,21 @@ size_t layernorm_backward_scratch_floats(int64_t rows, int64_t cols) {
   return static_cast<size_t>(2 * num_partials(rows) * cols);
 }
 
-void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, const float* mean,
+void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w, const float* mean,
                         const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols,
-                        float* scratch, cudaStream_t stream) {
+                        float* scratch, cudaStream_t stream, const void* dres) {
   check_sizes("layernorm_backward", rows, cols);
-  dispatch_float(dt, "layernorm_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  dispatch_ln(t, "layernorm_backward", [&](auto tt, auto wt, auto gt) {
+    using T = typename decltype(tt)::type;
+    using W = typename decltype(wt)::type;
+    using G = typename decltype(gt)::type;
     if (cols == 0) return;
-    T* pdw_out = static_cast<T*>(dw);
-    T* pdb_out = static_cast<T*>(db);
+    G* pdw_out = static_cast<G*>(dw);
+    G* pdb_out = static_cast<G*>(db);
     if (rows == 0) {
       // No rows: the weight gradients are zero.
-      if (pdw_out) BT_CUDA_CHECK(cudaMemsetAsync(pdw_out, 0, static_cast<size_t>(cols) * sizeof(T), stream));
-      if (pdb_out) BT_CUDA_CHECK(cudaMemsetAsync(pdb_out, 0, static_cast<size_t>(cols) * sizeof(T), stream));
+      if (pdw_out) BT_CUDA_CHECK(cudaMemsetAsync(pdw_out, 0, static_cast<size_t>(cols) * sizeof(G), stream));
+      if (pdb_out) BT_CUDA_CHECK(cudaMemsetAsync(pdb_out, 0, static_cast<size_t>(cols) * sizeof(G), stream));
       return;
     }
     BT_CHECK(dy != nullptr && x != nullptr && mean != nullptr && rstd != nullptr,
@@ -437,29 +529,30 @@ void layernorm_backward(DType dt, const void* dy, const void* x, const void* w, 
     float* part_b = pdb_out ? scratch + nparts * cols : nullptr;
     const T* pdy = static_cast<const T*>(dy);
     const T* px = static_cast<const T*>(x);
-    const T* pw = static_cast<const T*>(w);
+    const W* pw = static_cast<const W*>(w);
+    const T* pdr = static_cast<const T*>(dres);
     T* pdx = static_cast<T*>(dx);
     constexpr int V = kVec16<T>;
     const unsigned blocks = static_cast<unsigned>(ceil_div(nparts, kWarpsPerBlock));
     const bool vec_ok = cols % V == 0 && aligned_to(pdy, 16) && aligned_to(px, 16) && aligned_to(pw, 16) &&
-                        aligned_to(pdx, 16);
+                        aligned_to(pdx, 16) && aligned_to(pdr, 16);
     const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
     // K <= 8: the lane keeps 2 * K * V float accumulators in registers.
     const bool launched = with_k<8>(k, [&](auto kc) {
-      ln_bwd_fast_kernel<T, decltype(kc)::value><<<blocks, kThreads, 0, stream>>>(
-          pdy, px, pw, mean, rstd, pdx, part_w, part_b, rows, static_cast<int>(cols), nparts);
+      ln_bwd_fast_kernel<T, W, decltype(kc)::value><<<blocks, kThreads, 0, stream>>>(
+          pdy, px, pw, mean, rstd, pdr, pdx, part_w, part_b, rows, static_cast<int>(cols), nparts);
     });
     if (!launched)
-      ln_bwd_generic_kernel<T>
-          <<<blocks, kThreads, 0, stream>>>(pdy, px, pw, mean, rstd, pdx, part_w, part_b, rows, cols, nparts);
+      ln_bwd_generic_kernel<T, W><<<blocks, kThreads, 0, stream>>>(pdy, px, pw, mean, rstd, pdr, pdx, part_w,
+                                                                   part_b, rows, cols, nparts);
     BT_KERNEL_CHECK();
     const unsigned rblocks = static_cast<unsigned>(ceil_div(cols, 32));
     if (pdw_out) {
-      ln_partial_reduce_kernel<T><<<rblocks, dim3(32, 8), 0, stream>>>(part_w, nparts, cols, pdw_out);
+      ln_partial_reduce_kernel<G><<<rblocks, dim3(32, 8), 0, stream>>>(part_w, nparts, cols, pdw_out);
       BT_KERNEL_CHECK();
     }
     if (pdb_out) {
-      ln_partial_reduce_kernel<T><<<rblocks, dim3(32, 8), 0, stream>>>(part_b, nparts, cols, pdb_out);
+      ln_partial_reduce_kernel<G><<<rblocks, dim3(32, 8), 0, stream>>>(part_b, nparts, cols, pdb_out);
       BT_KERNEL_CHECK();
     }
   });

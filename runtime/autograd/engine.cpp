@@ -20,9 +20,11 @@ struct Later {
 // floating dtype than the input's. Under Precision::BF16 every bf16 weight is
 // a recorded cast of an f32 master, whose gradient is wanted in f32, so the
 // ops that make weight gradients make them in f32 from bf16 data: linear's
-// GEMM and bias sum, the embedding's backward (kernels/common/widen.h). Each
-// gradient is then rounded once, to f32, not to bf16 and again, and no cast
-// pass or bf16 buffer is spent on it. (LayerNorm's still come in bf16.)
+// GEMM and bias sum, the embedding's backward (kernels/common/widen.h), and
+// the LayerNorm's, whose bf16 activations take f32 parameters (and give
+// their gradients in f32 for bf16 ones). Each gradient is then rounded once,
+// to f32, not to bf16 and again, and no cast pass or bf16 buffer is spent on
+// it.
 //   The engine keeps the rule local: two gradients of one tensor that arrive
 // in different dtypes are added in the wider one (f64 > f32 > bf16, f16;
 // bf16 with f16 in f32), and before a node runs, each gradient of an output

@@ -16,6 +16,11 @@ std::vector<Tensor> LambdaNode::apply(std::vector<Tensor>&& grads) {
 
 Node& record(const char* name, std::initializer_list<const Tensor*> inputs,
              std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward) {
+  return record(name, std::vector<const Tensor*>(inputs), std::vector<Tensor>(outputs), std::move(backward));
+}
+
+Node& record(const char* name, const std::vector<const Tensor*>& inputs, const std::vector<Tensor>& outputs,
+             std::function<Grads(Grads&)> backward) {
   auto node = std::make_shared<LambdaNode>(name, std::move(backward));
   for (const Tensor* t : inputs) node->next_edges.push_back(t && t->defined() ? edge_of(*t) : Edge{});
   node->num_outputs = static_cast<uint32_t>(outputs.size());

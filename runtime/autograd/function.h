@@ -39,6 +39,9 @@ class LambdaNode : public Node {
 /// any_grad_dtype on a cast.
 Node& record(const char* name, std::initializer_list<const Tensor*> inputs,
              std::initializer_list<Tensor> outputs, std::function<Grads(Grads&)> backward);
+/// The same, for inputs and outputs counted at run time.
+Node& record(const char* name, const std::vector<const Tensor*>& inputs, const std::vector<Tensor>& outputs,
+             std::function<Grads(Grads&)> backward);
 inline Node& record(const char* name, std::initializer_list<const Tensor*> inputs, const Tensor& output,
                     std::function<Grads(Grads&)> backward) {
   return record(name, inputs, {output}, std::move(backward));

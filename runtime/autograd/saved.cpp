@@ -20,7 +20,8 @@ Tensor view_over(const Tensor& geometry, std::shared_ptr<Storage> storage, const
 // Under train.recompute = selective, LayerNorm and GELU tag the storage of
 // their output with a recipe (runtime/autograd/recompute.h) that reruns the
 // same kernel on tensors their own backward keeps anyway (the LayerNorm input
-// and affine, the GELU pre-activation). A later op saving that output -- the
+// and affine -- for add_layer_norm, the sum it saved -- the GELU
+// pre-activation). A later op saving that output -- the
 // Linear that reads it -- keeps the recipe and the view's geometry instead of
 // the storage, so the activation is freed as soon as the forward is done with
 // it; unpack() reruns the recipe in backward and the gradient formula sees the

@@ -39,8 +39,9 @@ namespace bt::dist {
 struct ParamSpec {
   Tensor param;
   double weight_decay = 0.0;
-  int unit = 0;      // the model's unit (nn::WeightSource); zero3 shards per unit
-  std::string name;  // the model's name for it (checkpoints)
+  int unit = 0;           // the model's unit (nn::WeightSource); zero3 shards per unit
+  std::string name;       // the model's name for it (checkpoints)
+  bool keep_f32 = false;  // the model uses it in f32 under bf16 too (zero3 gathers it so)
 };
 
 // Note [State pieces]: the training state of a strategy, independent of how

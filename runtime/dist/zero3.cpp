@@ -37,20 +37,33 @@ Zero3Strategy::Zero3Strategy(const AdamWOptions& o, std::vector<ParamSpec> param
     BT_CHECK(p.unit >= 0, "Zero3Strategy: parameter unit ", p.unit, " is negative");
     max_unit = std::max(max_unit, p.unit);
   }
-  units_.resize(static_cast<size_t>(max_unit) + 1);
+  // Note [ZeRO-3 units]: a unit's parameters of one compute dtype are a part.
+  unit_parts_.resize(static_cast<size_t>(max_unit) + 1);
   for (const ParamSpec& p : params) {
-    Unit& u = units_[static_cast<size_t>(p.unit)];
+    const DType dt = p.keep_f32 ? DType::F32 : compute_dtype_;
+    std::vector<size_t>& ids = unit_parts_[static_cast<size_t>(p.unit)];
+    auto it = std::find_if(ids.begin(), ids.end(), [&](size_t k) { return parts_[k].dtype == dt; });
+    if (it == ids.end()) {
+      ids.push_back(parts_.size());
+      parts_.push_back(Part{});
+      parts_.back().unit = p.unit;
+      parts_.back().dtype = dt;
+      it = ids.end() - 1;
+    }
+    Part& u = parts_[*it];
     u.members.push_back(members_.size());
     index_[p.param.impl()] = members_.size();
-    members_.push_back(Member{p, p.param, p.unit, u.numel});
+    members_.push_back(Member{p, p.param, *it, u.numel});
     u.numel += p.param.numel();
   }
+  for (size_t k = 0; k < unit_parts_.size(); ++k)
+    BT_CHECK(!unit_parts_[k].empty(), "Zero3Strategy: unit ", k,
+             " has no parameters (units must be 0, 1, ...)");
   const int64_t n = pg_->size(), rank = pg_->rank();
   const TensorOptions f32 = TensorOptions{}.with_device(dev);
   std::vector<AdamW::Group> groups;
-  for (size_t k = 0; k < units_.size(); ++k) {
-    Unit& u = units_[k];
-    BT_CHECK(!u.members.empty(), "Zero3Strategy: unit ", k, " has no parameters (units must be 0, 1, ...)");
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    Part& u = parts_[k];
     u.shard = (u.numel + n - 1) / n;
     // The unit's flat layout (Note [ZeRO-3 units]); rank 0's values win.
     Tensor flat = zeros({n * u.shard}, f32);
@@ -65,7 +78,7 @@ Zero3Strategy::Zero3Strategy(const AdamWOptions& o, std::vector<ParamSpec> param
     u.shard_grad = zeros({u.shard}, f32);
     u.full = flat;
     storage_of(u.full).release();  // the parameters keep shapes, not values
-    u.compute = released(n * u.shard, compute_dtype_, dev);
+    u.compute = released(n * u.shard, u.dtype, dev);
 
     // This rank's pieces of the unit's parameters, split at their boundaries
     // so weight decay still applies per parameter.
@@ -81,8 +94,7 @@ Zero3Strategy::Zero3Strategy(const AdamWOptions& o, std::vector<ParamSpec> param
       add_to_group(groups, piece, params[i].weight_decay);
     }
     for (size_t i : u.members) {
-      members_[i].param.register_grad_ready_hook(
-          [this, k](const Tensor&) { on_grad_ready(static_cast<int>(k)); });
+      members_[i].param.register_grad_ready_hook([this, k](const Tensor&) { on_grad_ready(k); });
     }
   }
   opt_ = std::make_unique<AdamW>(std::move(groups), o);
@@ -92,7 +104,7 @@ Zero3Strategy::~Zero3Strategy() {
   // Collectives still in flight write into buffers this object owns. A
   // collective that times out here is already being reported (the job ends).
   try {
-    for (Unit& u : units_)
+    for (Part& u : parts_)
       if (u.gather) u.gather->wait();
     for (auto& w : reductions_) w->wait();
   } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch)
@@ -101,7 +113,7 @@ Zero3Strategy::~Zero3Strategy() {
 
 uint64_t Zero3Strategy::shard_bytes() const {
   uint64_t n = 0;
-  for (const Unit& u : units_) n += static_cast<uint64_t>(u.shard);
+  for (const Part& u : parts_) n += static_cast<uint64_t>(u.shard);
   return n * sizeof(float);
 }
 
@@ -111,15 +123,15 @@ uint64_t Zero3Strategy::optimizer_state_bytes() const {
   return 2 * n * sizeof(float);
 }
 
-void Zero3Strategy::start_gather(Unit& u) {
+void Zero3Strategy::start_gather(Part& u) {
   if (u.resident || u.gather) return;
   NoGradGuard ng;
   storage_of(u.compute).reacquire(Stream::current(u.compute.device()));
-  const Tensor in = compute_dtype_ == DType::F32 ? u.master : u.master.to(compute_dtype_);
+  const Tensor in = u.dtype == DType::F32 ? u.master : u.master.to(u.dtype);
   u.gather = pg_->all_gather_async(in, u.compute);
 }
 
-void Zero3Strategy::ensure_gathered(Unit& u) {
+void Zero3Strategy::ensure_gathered(Part& u) {
   start_gather(u);
   if (u.gather) {
     u.gather->wait();
@@ -128,7 +140,7 @@ void Zero3Strategy::ensure_gathered(Unit& u) {
   u.resident = true;
 }
 
-void Zero3Strategy::release(Unit& u) {
+void Zero3Strategy::release(Part& u) {
   if (u.gather) {  // a prefetch nobody used (a forward cut short)
     u.gather->wait();
     u.gather.reset();
@@ -137,17 +149,29 @@ void Zero3Strategy::release(Unit& u) {
   u.resident = false;
 }
 
+const std::vector<size_t>& Zero3Strategy::parts_of(int unit) const {
+  BT_CHECK(unit >= 0 && unit < num_units(), "zero3: unit ", unit, " is outside [0, ", num_units(), ")");
+  return unit_parts_[static_cast<size_t>(unit)];
+}
+
+bool Zero3Strategy::gathered(int unit) const {
+  bool all = true;
+  for (size_t k : parts_of(unit)) all = all && parts_[k].resident;
+  return all;
+}
+
 void Zero3Strategy::enter(int unit) {
-  ensure_gathered(units_.at(static_cast<size_t>(unit)));
-  if (unit + 1 < num_units()) start_gather(units_[static_cast<size_t>(unit) + 1]);  // forward prefetch
+  for (size_t k : parts_of(unit)) ensure_gathered(parts_[k]);
+  if (unit + 1 < num_units())
+    for (size_t k : parts_of(unit + 1)) start_gather(parts_[k]);  // forward prefetch
 }
 
 Tensor Zero3Strategy::weight(const Tensor& param) {
   auto it = index_.find(param.impl());
   BT_CHECK(it != index_.end(), "zero3: the model asked for a weight the strategy does not hold");
   const Member& m = members_[it->second];
-  const Unit& u = units_[static_cast<size_t>(m.unit)];
-  BT_CHECK(u.resident, "zero3: a weight of unit ", m.unit, " was used outside that unit's forward");
+  const Part& u = parts_[m.part];
+  BT_CHECK(u.resident, "zero3: a weight of unit ", u.unit, " was used outside that unit's forward");
   Tensor w;
   {
     NoGradGuard ng;
@@ -163,23 +187,30 @@ Tensor Zero3Strategy::weight(const Tensor& param) {
   return w;
 }
 
-Tensor Zero3Strategy::leave(int unit, const Tensor& out) {
-  const bool grad = GradMode::enabled() && out.requires_grad();
-  if (unit != 0) release(units_.at(static_cast<size_t>(unit)));
-  if (!grad) return out;
-  Tensor y;
+std::vector<Tensor> Zero3Strategy::leave(int unit, const std::vector<Tensor>& outs) {
+  if (unit != 0)
+    for (size_t k : parts_of(unit)) release(parts_[k]);
+  std::vector<const Tensor*> wrapped;
+  for (const Tensor& o : outs)
+    if (o.defined() && o.requires_grad()) wrapped.push_back(&o);
+  if (!GradMode::enabled() || wrapped.empty()) return outs;
+  // One node for all of them: backward re-enters the unit once, before any
+  // of its gradients goes on into the unit.
+  std::vector<Tensor> ys, ret = outs;
   {
     NoGradGuard ng;
-    y = out.view(out.shape());
+    for (const Tensor* o : wrapped) ys.push_back(o->view(o->shape()));
   }
-  autograd::record("Zero3UnitBackward", {&out}, y, [this, unit](autograd::Grads& g) -> autograd::Grads {
+  autograd::record("Zero3UnitBackward", wrapped, ys, [this, unit](autograd::Grads& g) -> autograd::Grads {
     enter_backward(unit);
-    return {g[0]};
+    return g;
   });
-  return y;
+  for (size_t i = 0, j = 0; i < outs.size(); ++i)
+    if (j < wrapped.size() && &outs[i] == wrapped[j]) ret[i] = ys[j++];
+  return ret;
 }
 
-void Zero3Strategy::bind_grads(Unit& u, const Tensor& flat) {
+void Zero3Strategy::bind_grads(Part& u, const Tensor& flat) {
   for (size_t i : u.members) {
     const Member& m = members_[i];
     m.param.set_grad(flat.defined() ? flat.narrow(0, m.offset, m.param.numel()).view(m.param.shape())
@@ -189,26 +220,29 @@ void Zero3Strategy::bind_grads(Unit& u, const Tensor& flat) {
 
 void Zero3Strategy::enter_backward(int unit) {
   NoGradGuard ng;
-  Unit& u = units_[static_cast<size_t>(unit)];
-  ensure_gathered(u);
+  for (size_t k : parts_of(unit)) ensure_gathered(parts_[k]);
   // Backward visits the blocks last to first after unit 0 (the head).
   const int prev = unit == 0 ? num_units() - 1 : unit - 1;
-  if (prev > 0) start_gather(units_[static_cast<size_t>(prev)]);
-  if (!u.full_grad.defined()) {
-    u.full_grad = zeros({pg_->size() * u.shard}, TensorOptions{}.with_device(u.master.device()));
-    bind_grads(u, u.full_grad);
+  if (prev > 0)
+    for (size_t k : parts_of(prev)) start_gather(parts_[k]);
+  for (size_t k : parts_of(unit)) {
+    Part& u = parts_[k];
+    if (!u.full_grad.defined()) {
+      u.full_grad = zeros({pg_->size() * u.shard}, TensorOptions{}.with_device(u.master.device()));
+      bind_grads(u, u.full_grad);
+    }
+    u.ready = 0;
   }
-  u.ready = 0;
 }
 
-void Zero3Strategy::on_grad_ready(int unit) {
-  Unit& u = units_[static_cast<size_t>(unit)];
+void Zero3Strategy::on_grad_ready(size_t part) {
+  Part& u = parts_[part];
   if (++u.ready < static_cast<int>(u.members.size())) return;
   if (last_) reduce(u);
   release(u);
 }
 
-void Zero3Strategy::reduce(Unit& u) {
+void Zero3Strategy::reduce(Part& u) {
   NoGradGuard ng;
   if (!u.full_grad.defined()) u.full_grad = zeros({pg_->size() * u.shard}, u.master.options());
   reductions_.push_back(pg_->reduce_scatter_async(u.full_grad, u.shard_grad, ReduceOp::Avg));
@@ -218,7 +252,7 @@ void Zero3Strategy::reduce(Unit& u) {
 }
 
 void Zero3Strategy::zero_grad() {
-  for (Unit& u : units_) {
+  for (Part& u : parts_) {
     if (u.full_grad.defined()) bind_grads(u, Tensor());
     u.full_grad = Tensor();  // allocated zeroed when backward first reaches the unit
     u.reduced = false;
@@ -228,7 +262,7 @@ void Zero3Strategy::zero_grad() {
 void Zero3Strategy::after_backward() {
   // A unit whose parameters got no gradient: every rank reduces it here, in
   // unit order (the same on every rank).
-  for (Unit& u : units_)
+  for (Part& u : parts_)
     if (!u.reduced) reduce(u);
   for (auto& w : reductions_) w->wait();
   reductions_.clear();
@@ -236,11 +270,11 @@ void Zero3Strategy::after_backward() {
 
 Tensor Zero3Strategy::grad_sum_squares() { return sharded_sum_squares(pieces_, device(), *pg_); }
 
-Device Zero3Strategy::device() const { return units_[0].master.device(); }
+Device Zero3Strategy::device() const { return parts_[0].master.device(); }
 
 void Zero3Strategy::apply_step(const Tensor& hyper, const Tensor& grad_scale) {
   opt_->apply(hyper, grad_scale);
-  for (Unit& u : units_) {  // gathered values are stale now
+  for (Part& u : parts_) {  // gathered values are stale now
     release(u);
     storage_of(u.full).release();
   }
@@ -263,7 +297,7 @@ std::vector<StatePiece> Zero3Strategy::state_pieces(bool) const {
 
 void Zero3Strategy::state_loaded(int64_t steps) {
   opt_->set_steps(steps);
-  for (Unit& u : units_) {  // anything gathered holds the old values
+  for (Part& u : parts_) {  // anything gathered holds the old values
     release(u);
     storage_of(u.full).release();
   }
@@ -271,7 +305,7 @@ void Zero3Strategy::state_loaded(int64_t steps) {
 
 void Zero3Strategy::gather_parameters() {
   NoGradGuard ng;
-  for (Unit& u : units_) {
+  for (Part& u : parts_) {
     storage_of(u.full).reacquire(Stream::current(u.full.device()));
     pg_->all_gather(u.master, u.full);
     u.full.bump_version();

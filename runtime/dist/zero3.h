@@ -8,14 +8,19 @@
 // parameter order, padded to N * S_u (S_u = ceil(P_u / N)); rank r owns
 // [r*S_u, (r+1)*S_u). Between steps a rank holds, per unit, its f32 master
 // shard, its gradient shard and AdamW's m and v for it: 4 * S_u floats.
+// Under bf16 the parameters the model uses in f32 (ParamSpec::keep_f32: GPT's
+// LayerNorm affine, Note [f32 LayerNorm parameters] in runtime/nn/gpt.h) are
+// a second part of their unit, with a flat layout, shards and a compute
+// buffer of their own, gathered in f32 beside the bf16 part: a unit is then
+// two small all-gathers, and every "unit" below means all of its parts.
 //
 //   forward   enter(u) waits for u's all-gather -- the master shards cast to
 //             the compute dtype (bf16 under Precision::BF16), gathered into
 //             u's compute buffer -- and starts u+1's (prefetch). weight(p) is
 //             a view of that buffer, linked to the f32 leaf p by a recorded
 //             cast. leave(u) frees the buffer (Note [Released storage]: the
-//             views autograd saved stay valid handles) and wraps u's output
-//             in a node whose backward re-enters u.
+//             views autograd saved stay valid handles) and wraps u's outputs
+//             in one node whose backward re-enters u.
 //   backward  re-entering u gathers it into the same storage again and
 //             starts u-1's gather; u's full f32 gradient buffer is allocated
 //             (zeroed) if absent and every p.grad becomes a view of it. When
@@ -68,20 +73,23 @@ class Zero3Strategy : public Strategy, public nn::WeightSource {
   // nn::WeightSource
   void enter(int unit) override;
   Tensor weight(const Tensor& param) override;
-  Tensor leave(int unit, const Tensor& out) override;
+  std::vector<Tensor> leave(int unit, const std::vector<Tensor>& outs) override;
 
-  int num_units() const { return static_cast<int>(units_.size()); }
-  /// Whether unit u's compute buffer currently holds its weights.
-  bool gathered(int unit) const { return units_.at(static_cast<size_t>(unit)).resident; }
+  int num_units() const { return static_cast<int>(unit_parts_.size()); }
+  /// Whether unit u's compute buffers currently hold its weights.
+  bool gathered(int unit) const;
 
  private:
   struct Member {
     ParamSpec spec;
     Tensor param;
-    int unit = 0;
-    int64_t offset = 0;  // in the unit's flat layout
+    size_t part = 0;
+    int64_t offset = 0;  // in the part's flat layout
   };
-  struct Unit {
+  /// A unit's parameters of one compute dtype (Note [ZeRO-3 units]).
+  struct Part {
+    int unit = 0;
+    DType dtype = DType::F32;      // of `compute`
     std::vector<size_t> members;   // indices into members_
     int64_t numel = 0, shard = 0;  // P_u and S_u
     Tensor master, shard_grad;     // f32 [S_u]: this rank's range
@@ -94,20 +102,22 @@ class Zero3Strategy : public Strategy, public nn::WeightSource {
   };
 
   uint64_t shard_bytes() const;
-  void start_gather(Unit& u);
-  void ensure_gathered(Unit& u);
-  void release(Unit& u);
+  const std::vector<size_t>& parts_of(int unit) const;
+  void start_gather(Part& u);
+  void ensure_gathered(Part& u);
+  void release(Part& u);
   void enter_backward(int unit);
-  void on_grad_ready(int unit);
-  void reduce(Unit& u);
-  void bind_grads(Unit& u, const Tensor& flat);
+  void on_grad_ready(size_t part);
+  void reduce(Part& u);
+  void bind_grads(Part& u, const Tensor& flat);
 
   std::shared_ptr<ProcessGroup> pg_;
   DType compute_dtype_;
   std::vector<Member> members_;
   std::unordered_map<const TensorImpl*, size_t> index_;  // parameter -> members_ index
-  std::vector<Unit> units_;
-  std::vector<Tensor> pieces_;  // master pieces in this rank's ranges (AdamW's parameters)
+  std::vector<Part> parts_;
+  std::vector<std::vector<size_t>> unit_parts_;  // unit -> indices into parts_
+  std::vector<Tensor> pieces_;                   // master pieces in this rank's ranges (AdamW's parameters)
   std::vector<std::pair<size_t, int64_t>> piece_at_;  // each piece's member and first element in it
   std::vector<std::shared_ptr<Work>> reductions_;
   std::unique_ptr<AdamW> opt_;

@@ -98,6 +98,10 @@ std::vector<Tensor> Gpt::parameters() const {
   return out;
 }
 
+bool Gpt::keeps_f32(const std::string& name) {
+  return name.find(".ln_") != std::string::npos || name.rfind("ln_f.", 0) == 0;
+}
+
 std::vector<int> Gpt::param_units() const {
   std::vector<int> units;
   for (const auto& [name, t] : params_) {
@@ -116,17 +120,28 @@ Tensor Gpt::compute(const Tensor& p) const {
   return precision() == Precision::BF16 ? p.to(DType::BF16) : p;
 }
 
-Tensor Gpt::block(const Block& b, Tensor x) const {
-  Tensor qkv =
-      linear(layer_norm(x, compute(b.ln1_w), compute(b.ln1_b)), compute(b.attn_w), compute(b.attn_b));
+/// A LayerNorm's affine parameter: the f32 master itself under every
+/// precision (Note [f32 LayerNorm parameters] in gpt.h), or the weight
+/// source's tensor, which keeps it f32 as well (keeps_f32()).
+Tensor Gpt::norm_param(const Tensor& p) const { return source_ ? source_->weight(p) : p; }
+
+ResidualNorm Gpt::add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) const {
+  if (!d.defined()) return {x, layer_norm(x, norm_param(w), norm_param(b))};
+  return add_layer_norm(x, d, norm_param(w), norm_param(b));
+}
+
+Gpt::Residual Gpt::block(const Block& b, const Tensor& x, const Tensor& d) const {
+  auto [s, h] = add_norm(x, d, b.ln1_w, b.ln1_b);
+  Tensor qkv = linear(h, compute(b.attn_w), compute(b.attn_b));
   Tensor att;
   {
     ProfileScope prof_attn("attention");
     att = causal_self_attention(qkv, cfg_.n_head);  // [B, T, 3C] -> [B, T, C], heads read and merged in place
   }
-  x = add(x, linear(att, compute(b.proj_w), compute(b.proj_b)));
-  Tensor h = layer_norm(x, compute(b.ln2_w), compute(b.ln2_b));
-  return add(x, mlp(h, compute(b.fc_w), compute(b.fc_b), compute(b.out_w), compute(b.out_b)));
+  auto [s2, h2] = add_layer_norm(s, linear(att, compute(b.proj_w), compute(b.proj_b)), norm_param(b.ln2_w),
+                                 norm_param(b.ln2_b));
+  Tensor m = mlp(h2, compute(b.fc_w), compute(b.fc_b), compute(b.out_w), compute(b.out_b));
+  return {s2, m};
 }
 
 Tensor Gpt::forward(const Tensor& idx) const {
@@ -141,20 +156,35 @@ Tensor Gpt::forward(const Tensor& idx) const {
   if (source_) source_->enter(0);
   const Tensor wte = compute(wte_);
   Tensor pos = arange(T, TensorOptions{DType::I32, device_});
-  Tensor x = add(embedding(wte, idx), embedding(compute(wpe_), pos));
+  // The residual stream is st.x + st.d: d, the positions here, is added by
+  // the next LayerNorm.
+  Residual st{embedding(wte, idx), embedding(compute(wpe_), pos)};
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const int unit = static_cast<int>(l) + 1;
     ProfileScope prof("block");
     if (source_) source_->enter(unit);
-    if (recompute_ == Recompute::Full)
-      x = autograd::checkpoint([this, l](const Tensor& in) { return block(blocks_[l], in); }, x);
-    else
-      x = block(blocks_[l], x);
-    if (source_) x = source_->leave(unit, x);
+    if (recompute_ == Recompute::Full) {
+      // A checkpointed block keeps one tensor, the stream: the add at its end
+      // is an op of its own (Note [Residual into LayerNorm] in gpt.h).
+      const Tensor x = st.d.defined() ? add(st.x, st.d) : st.x;
+      st = {autograd::checkpoint(
+                [this, l](const Tensor& in) {
+                  const Residual out = block(blocks_[l], in, Tensor());
+                  return add(out.x, out.d);
+                },
+                x),
+            Tensor()};
+    } else {
+      st = block(blocks_[l], st.x, st.d);
+    }
+    if (source_) {
+      const std::vector<Tensor> out = source_->leave(unit, {st.x, st.d});
+      st = {out[0], out[1]};
+    }
   }
   ProfileScope prof("head");
-  Tensor logits = linear(layer_norm(x, compute(lnf_w_), compute(lnf_b_)), wte);  // tied LM head
-  return source_ ? source_->leave(0, logits) : logits;
+  Tensor logits = linear(add_norm(st.x, st.d, lnf_w_, lnf_b_).out, wte);  // tied LM head
+  return source_ ? source_->leave(0, {logits})[0] : logits;
 }
 
 Tensor Gpt::loss(const Tensor& idx, const Tensor& targets) const {

@@ -7,6 +7,20 @@
 // aligned shapes. The loss only sees the first vocab_size logit columns
 // (cross_entropy's `vocab` argument), so the padded rows receive no gradient
 // from the loss and never change predictions; they are decayed like any row.
+//
+// Note [f32 LayerNorm parameters]: under Precision::BF16 the LayerNorm weights
+// and biases are not cast: the kernels read the f32 masters with bf16
+// activations and write their gradients in f32 (runtime/ops/layernorm.h), so
+// neither a cast nor its backward runs for them. A weight source must hand
+// them out in f32 too (keeps_f32(): ZeRO-3 gathers them apart), or a sharded
+// run would compute with other bits than one process.
+//
+// The residual stream crosses a block as x + d, d not yet added: the
+// previous block's MLP output (the position embeddings before block 0). The
+// block's first LayerNorm adds it (Note [Residual into LayerNorm] in
+// kernels/layernorm.h), as does the one after attention and ln_f. Under full
+// recompute a checkpointed block keeps only the stream, one tensor, so the add
+// at the end of a block (and the embeddings' add) runs as its own op there.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +31,7 @@
 #include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
 #include "runtime/nn/weight_source.h"
+#include "runtime/ops/layernorm.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt::nn {
@@ -71,6 +86,9 @@ class Gpt {
   std::vector<Tensor> parameters() const;
   /// True for tensors that get weight decay: every parameter with 2 dims.
   static bool decays(const Tensor& p) { return p.dim() >= 2; }
+  /// True for the parameters the forward uses in f32 under every precision:
+  /// the LayerNorm affine, by name (Note [f32 LayerNorm parameters]).
+  static bool keeps_f32(const std::string& name);
   /// The unit of each parameter (named_parameters() order): 0 for the
   /// embeddings and the final LayerNorm (wte also serves as the LM head), 1 + l
   /// for block l. Units are what ZeRO-3 gathers at a time.
@@ -87,9 +105,18 @@ class Gpt {
   struct Block {
     Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b;
   };
+  /// The residual stream x + d, d still to be added (undefined: none).
+  struct Residual {
+    Tensor x, d;
+  };
   Tensor add_param(const std::string& name, const Shape& shape, double std, double fill, Generator& g);
   Tensor compute(const Tensor& p) const;
-  Tensor block(const Block& b, Tensor x) const;
+  Tensor norm_param(const Tensor& p) const;
+  /// {x + d, its LayerNorm}: add_layer_norm, or layer_norm of x when d is undefined.
+  ResidualNorm add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) const;
+  /// Block b on the stream x + d; returns the stream after the attention's
+  /// add and the MLP's output as the next d.
+  Residual block(const Block& b, const Tensor& x, const Tensor& d) const;
 
   GptConfig cfg_;
   Device device_;

@@ -6,13 +6,18 @@
 //   enter(u)                       the unit's weights must be usable now
 //   w = weight(p)  for each param   the tensor the ops use for parameter p;
 //                                   its gradient must reach p (a leaf)
-//   out = leave(u, out)             the unit's forward is over; the source may
-//                                   wrap out so that backward re-enters u
+//   outs = leave(u, outs)           the unit's forward is over; the source may
+//                                   wrap the tensors it hands on (all of them,
+//                                   in one node: GPT's blocks hand on two) so
+//                                   that backward re-enters u before any of
+//                                   u's own backward runs
 //
 // Units may nest (the root encloses the blocks). ZeRO-3
 // (runtime/dist/zero3.h) is the implementation: it gathers a unit's shards
 // on enter and frees them on leave.
 #pragma once
+
+#include <vector>
 
 #include "runtime/tensor/tensor.h"
 
@@ -23,7 +28,9 @@ class WeightSource {
   virtual ~WeightSource() = default;
   virtual void enter(int unit) = 0;
   virtual Tensor weight(const Tensor& param) = 0;
-  virtual Tensor leave(int unit, const Tensor& out) = 0;
+  /// outs may hold undefined tensors and ones that need no gradient: they
+  /// come back as they are.
+  virtual std::vector<Tensor> leave(int unit, const std::vector<Tensor>& outs) = 0;
 };
 
 }  // namespace bt::nn

@@ -114,7 +114,8 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   const nn::NamedTensors& named = model_->named_parameters();
   for (size_t i = 0; i < named.size(); ++i) {
     const Tensor& p = named[i].second;
-    ps.push_back({p, nn::Gpt::decays(p) ? t.weight_decay : 0.0, units[i], named[i].first});
+    ps.push_back({p, nn::Gpt::decays(p) ? t.weight_decay : 0.0, units[i], named[i].first,
+                  nn::Gpt::keeps_f32(named[i].first)});
   }
   strategy_ = dist::make_strategy(so, std::move(ps), pg_);
   model_->set_weight_source(strategy_->weight_source());

@@ -51,11 +51,11 @@ void toy_backward(const std::vector<Tensor>& params, const std::vector<Tensor>& 
       s = plus(s, t(i));
     }
     h = add(h, mul(s, g(u)));
-    if (src) h = src->leave(u, h);
+    if (src) h = src->leave(u, {h})[0];
   }
   fetch(4);
   h = mul(add(h, t(4)), g(0));
-  if (src) h = src->leave(0, h);
+  if (src) h = src->leave(0, {h})[0];
   h.backward();
 }
 

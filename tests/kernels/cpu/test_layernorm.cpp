@@ -1,5 +1,8 @@
-// LayerNorm forward/backward against double references and finite differences.
+// LayerNorm forward/backward against double references and finite differences;
+// f32 parameters with bf16 activations against the f32 kernel; the residual
+// add (Note [Residual into LayerNorm]) against the plain kernel.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -176,6 +179,116 @@ TEST(LayerNormCpu, F64BackwardMatchesFiniteDifferences) {
   EXPECT_LT(rel_err(db, ndb), 1e-8);
 }
 
+// f32 (or bf16) parameters with bf16 activations compute what the f32 kernel
+// computes on the same values, rounding only the activations' outputs to bf16:
+// y and dx are the f32 kernel's rounded once, the statistics and the f32 dw/db
+// its very bits (an f32 gradient made through bf16 would lose them).
+TEST(LayerNormCpu, F32ParametersWithBf16Activations) {
+  uint32_t seed = 900;
+  const float eps = 1e-5f;
+  for (DType wdt : {DType::F32, DType::BF16})
+    for (auto [rows, cols] : kShapes) {
+      SCOPED_TRACE(bt::cat("params ", dtype_name(wdt), " ", rows, "x", cols));
+      const int64_t n = rows * cols;
+      const Buf x(DType::BF16, randn(n, seed++, 2.0)), dy = rand_buf(DType::BF16, n, seed++);
+      const Buf w(wdt, randn(cols, seed++)), b(wdt, randn(cols, seed++));
+      // The same values in f32: the reference.
+      const Buf x32(DType::F32, x.vals()), dy32(DType::F32, dy.vals()), w32(DType::F32, w.vals()),
+          b32(DType::F32, b.vals());
+      Buf y(DType::BF16, n), y32(DType::F32, n), dx(DType::BF16, n), dx32(DType::F32, n);
+      Buf dw(DType::F32, cols), db(DType::F32, cols), dw32(DType::F32, cols), db32(DType::F32, cols);
+      std::vector<float> mean(rows), rstd(rows), mean32(rows), rstd32(rows);
+      const kernels::LnTypes t{DType::BF16, wdt, DType::F32};
+      cpu::layernorm_forward(t, x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, cols,
+                             eps);
+      cpu::layernorm_forward(DType::F32, x32.data(), w32.data(), b32.data(), y32.data(), mean32.data(),
+                             rstd32.data(), rows, cols, eps);
+      EXPECT_EQ(mean, mean32);
+      EXPECT_EQ(rstd, rstd32);
+      EXPECT_EQ(y.vals(), Buf(DType::BF16, y32.vals()).vals()) << "y: the f32 result rounded once";
+      cpu::layernorm_backward(t, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(),
+                              dw.data(), db.data(), rows, cols);
+      cpu::layernorm_backward(DType::F32, dy32.data(), x32.data(), w32.data(), mean32.data(), rstd32.data(),
+                              dx32.data(), dw32.data(), db32.data(), rows, cols);
+      EXPECT_EQ(dx.vals(), Buf(DType::BF16, dx32.vals()).vals()) << "dx: the f32 result rounded once";
+      EXPECT_EQ(dw.vals(), dw32.vals()) << "dw: the f32 kernel's bits";
+      EXPECT_EQ(db.vals(), db32.vals()) << "db: the f32 kernel's bits";
+    }
+}
+
+// The residual add writes s = x + r rounded to the dtype, and y, mean and rstd
+// are the plain forward's bits on that s (what a recompute from s rebuilds);
+// r repeats over the rows when it has fewer.
+TEST(LayerNormCpu, AddForwardIsThePlainForwardOfTheRoundedSum) {
+  uint32_t seed = 1300;
+  const float eps = 1e-5f;
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : kShapes)
+      for (int64_t r_rows : {rows, int64_t{1}}) {
+        SCOPED_TRACE(bt::cat(dtype_name(dt), " ", rows, "x", cols, " residual rows ", r_rows));
+        const int64_t n = rows * cols;
+        const Buf x = rand_buf(dt, n, seed++, 2.0), r = rand_buf(dt, r_rows * cols, seed++),
+                  w = rand_buf(dt, cols, seed++), b = rand_buf(dt, cols, seed++);
+        std::vector<double> sum(n);
+        for (int64_t i = 0; i < n; ++i) sum[i] = x.get(i) + r.get(i % (r_rows * cols));
+        Buf s(dt, n), y(dt, n), y_plain(dt, n);
+        std::vector<float> mean(rows), rstd(rows), mean_plain(rows), rstd_plain(rows);
+        cpu::add_layernorm_forward(dt, x.data(), r.data(), r_rows, w.data(), b.data(), s.data(), y.data(),
+                                   mean.data(), rstd.data(), rows, cols, eps);
+        if (dt == DType::F64)
+          EXPECT_EQ(s.vals(), sum);
+        else  // x + r in float, rounded once: the add op's bits
+          for (int64_t i = 0; i < n; ++i) {
+            Buf one(dt, 1);
+            one.set(0, static_cast<float>(x.get(i)) + static_cast<float>(r.get(i % (r_rows * cols))));
+            ASSERT_EQ(s.get(i), one.get(0)) << "s[" << i << "]";
+          }
+        cpu::layernorm_forward(dt, s.data(), w.data(), b.data(), y_plain.data(), mean_plain.data(),
+                               rstd_plain.data(), rows, cols, eps);
+        EXPECT_EQ(std::memcmp(y.data(), y_plain.data(), y.bytes.size()), 0) << "y";
+        EXPECT_EQ(mean, mean_plain);
+        EXPECT_EQ(rstd, rstd_plain);
+      }
+}
+
+// dres is added to dx in the pass that makes dx: exactly dx + dres rounded
+// once (the f32/f64 dx is the plain dx plus dres, the same bits as adding them
+// apart); dw and db do not see it.
+TEST(LayerNormCpu, BackwardAddsTheResidualGradient) {
+  uint32_t seed = 1700;
+  const float eps = 1e-5f;
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : kShapes) {
+      SCOPED_TRACE(bt::cat(dtype_name(dt), " ", rows, "x", cols));
+      const int64_t n = rows * cols;
+      const Buf x = rand_buf(dt, n, seed++, 2.0), w = rand_buf(dt, cols, seed++),
+                dy = rand_buf(dt, n, seed++), dres = rand_buf(dt, n, seed++, 3.0);
+      Buf y(dt, n), dx(dt, n), dx_plain(dt, n), dw(dt, cols), db(dt, cols), dw_plain(dt, cols),
+          db_plain(dt, cols);
+      std::vector<float> mean(rows), rstd(rows);
+      cpu::layernorm_forward(dt, x.data(), w.data(), nullptr, y.data(), mean.data(), rstd.data(), rows, cols,
+                             eps);
+      cpu::layernorm_backward(dt, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx_plain.data(),
+                              dw_plain.data(), db_plain.data(), rows, cols);
+      cpu::layernorm_backward(dt, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(),
+                              dw.data(), db.data(), rows, cols, dres.data());
+      EXPECT_EQ(dw.vals(), dw_plain.vals());
+      EXPECT_EQ(db.vals(), db_plain.vals());
+      std::vector<double> want(n);
+      for (int64_t i = 0; i < n; ++i) want[i] = dx_plain.get(i) + dres.get(i);
+      if (dt == DType::BF16) {
+        // Rounded once from float: within half a bf16 ulp of the float sum.
+        const Stats st = ref_stats(x.vals(), rows, cols, eps);
+        const std::vector<double> wv = w.vals();
+        const Grads exact = ref_backward(dy.vals(), x.vals(), &wv, st.mean, st.rstd, rows, cols);
+        for (int64_t i = 0; i < n; ++i) want[i] = exact.dx[i] + dres.get(i);
+        EXPECT_LT(rel_err(dx.vals(), want), tol(dt));
+      } else {
+        EXPECT_EQ(dx.vals(), Buf(dt, want).vals()) << "dx + dres, rounded once";
+      }
+    }
+}
+
 TEST(LayerNormCpu, Errors) {
   std::vector<int32_t> buf(8);
   std::vector<float> s(2);
@@ -197,6 +310,18 @@ TEST(LayerNormCpu, Errors) {
                                1e-5f);
       },
       "cols");
+  expect_error(
+      [&] {
+        cpu::layernorm_forward(kernels::LnTypes{DType::F32, DType::BF16, DType::F32}, buf.data(), buf.data(),
+                               nullptr, buf.data(), s.data(), s.data(), 2, 4, 1e-5f);
+      },
+      "parameters in bf16 and their gradients in f32 do not go with f32 activations");
+  expect_error(
+      [&] {
+        cpu::add_layernorm_forward(DType::F32, buf.data(), buf.data(), 3, nullptr, nullptr, buf.data(),
+                                   buf.data(), s.data(), s.data(), 2, 4, 1e-5f);
+      },
+      "the residual's rows (3) must divide the rows (2)");
 }
 
 }  // namespace

@@ -195,7 +195,9 @@ class WrongWeight : public nn::WeightSource {
   WrongWeight(nn::WeightSource& inner, Tensor target, Corrupt corrupt)
       : inner_(inner), target_(std::move(target)), corrupt_(std::move(corrupt)) {}
   void enter(int unit) override { inner_.enter(unit); }
-  Tensor leave(int unit, const Tensor& out) override { return inner_.leave(unit, out); }
+  std::vector<Tensor> leave(int unit, const std::vector<Tensor>& outs) override {
+    return inner_.leave(unit, outs);
+  }
   Tensor weight(const Tensor& param) override {
     const Tensor w = inner_.weight(param);
     if (param.impl() != target_.impl()) return w;
@@ -287,11 +289,11 @@ TEST_F(Strategies, Zero3GathersUnitsJustInTime) {
   Tensor h = sum(mul(weight(0), xs[0]));
   z.enter(1);
   h = add(h, add(sum(mul(weight(1), xs[1])), sum(mul(weight(2), xs[2]))));
-  h = z.leave(1, h);
+  h = z.leave(1, {h})[0];
   EXPECT_FALSE(z.gathered(1)) << "unit 1 is freed when its forward ends";
   z.enter(2);
-  h = z.leave(2, add(h, sum(mul(weight(3), xs[3]))));
-  h = z.leave(0, add(h, sum(mul(weight(4), xs[4]))));
+  h = z.leave(2, {add(h, sum(mul(weight(3), xs[3])))})[0];
+  h = z.leave(0, {add(h, sum(mul(weight(4), xs[4])))})[0];
   EXPECT_TRUE(z.gathered(0)) << "unit 0 stays for backward";
   h.backward();
   for (int u = 0; u < 3; ++u) EXPECT_FALSE(z.gathered(u)) << "unit " << u << " after backward";

@@ -2,10 +2,13 @@
 // vocabulary, presets and argument errors.
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "runtime/autograd/meta.h"
 #include "runtime/bt.h"
 #include "runtime/nn/gpt.h"
 
@@ -171,9 +174,10 @@ bool bf16_exact(float x) {
 // Under bf16 each master is cast to a bf16 compute copy; the linear layers'
 // weight and bias gradients (the tied head's too) are made by the GEMM and the
 // row sum in f32 and reach the f32 masters as they are (Note [Gradients in a
-// wider dtype]). Through a bf16 gradient every value would be a bf16 value;
-// made in f32, few of the nonzero ones are.
-TEST(Gpt, Bf16LinearGradientsReachTheMastersInF32) {
+// wider dtype]); the LayerNorms take their f32 masters uncast and make their
+// gradients in f32 (Note [f32 LayerNorm parameters]). Through a bf16 gradient
+// every value would be a bf16 value; made in f32, few of the nonzero ones are.
+TEST(Gpt, Bf16GradientsReachTheMastersInF32) {
   struct Restore {
     Precision p = precision();
     ~Restore() { set_precision(p); }
@@ -185,10 +189,10 @@ TEST(Gpt, Bf16LinearGradientsReachTheMastersInF32) {
   int checked = 0;
   for (const auto& [name, t] : m.named_parameters()) {
     ASSERT_EQ(t.grad().dtype(), DType::F32) << name;
-    // LayerNorm gradients still come in bf16; wpe's is f32, but it adds bf16
-    // values summed over the batch by the broadcast add's backward.
+    // wpe's is f32, but it adds bf16 values summed over the batch by the
+    // broadcast add's backward.
     const bool linear = name == "wte" || name.find(".c_") != std::string::npos;
-    if (!linear) continue;
+    if (!linear && !Gpt::keeps_f32(name)) continue;
     int64_t nonzero = 0, exact = 0;
     for (float v : t.grad().to_vector<float>())
       if (v != 0.0f) ++nonzero, exact += bf16_exact(v);
@@ -200,7 +204,89 @@ TEST(Gpt, Bf16LinearGradientsReachTheMastersInF32) {
         << name << ": " << exact << " of " << nonzero << " nonzero gradient values are bf16 values";
     ++checked;
   }
-  EXPECT_EQ(checked, 1 + 8 * small().n_layer);
+  EXPECT_EQ(checked, 1 + 12 * small().n_layer + 2);
+}
+
+/// The names of the nodes whose backward hands a gradient straight to the
+/// leaf p, in the graph of `root`.
+std::set<std::string> feeders(const Tensor& root, const Tensor& p) {
+  const std::shared_ptr<Node> acc = autograd::edge_of(p).fn;
+  std::set<std::string> names;
+  std::set<const Node*> seen;
+  std::vector<std::shared_ptr<Node>> stack{root.grad_fn()};
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n.get()).second) continue;
+    for (const bt::Edge& e : n->next_edges) {
+      if (!e.valid()) continue;
+      if (e.fn == acc) names.insert(n->name());
+      stack.push_back(e.fn);
+    }
+  }
+  return names;
+}
+
+// Under bf16 no cast runs for a LayerNorm parameter: its gradient goes from
+// the (fused residual) LayerNorm's backward to the master (Note [f32
+// LayerNorm parameters]), while a Linear's weight still goes through its bf16
+// cast.
+TEST(Gpt, Bf16LayerNormParametersAreNotCast) {
+  struct Restore {
+    Precision p = precision();
+    ~Restore() { set_precision(p); }
+  } restore;
+  set_precision(Precision::BF16);
+  for (Recompute mode : {Recompute::None, Recompute::Selective}) {
+    Gpt m(small(), Device::cpu(), 11);
+    m.set_recompute(mode);
+    std::vector<int32_t> x = {1, 2, 3, 4, 5, 6, 7, 8}, y = {2, 3, 4, 5, 6, 7, 8, 9};
+    const Tensor loss = m.loss(ids(x, 2, 4), ids(y, 2, 4));
+    int norms = 0;
+    for (const auto& [name, t] : m.named_parameters()) {
+      const std::set<std::string> f = feeders(loss, t);
+      if (Gpt::keeps_f32(name)) {
+        ++norms;  // every LayerNorm adds a residual first, ln_1 of block 0 the positions
+        EXPECT_EQ(f, std::set<std::string>{"AddLayerNormBackward"}) << name;
+      } else if (name.find(".c_") != std::string::npos) {
+        EXPECT_EQ(f, std::set<std::string>{"ToDTypeBackward"}) << name;
+      }
+    }
+    EXPECT_EQ(norms, 4 * small().n_layer + 2);
+  }
+}
+
+// The fused residual adds change no bit in f32: the same loss and gradients
+// as the blocks written with add and layer_norm apart, from the same weights.
+TEST(Gpt, FusedResidualsGiveTheUnfusedBits) {
+  const GptConfig c = small();
+  Gpt m(c, Device::cpu(), 11);
+  std::vector<int32_t> xv = {1, 2, 3, 4, 5, 6, 7, 8}, yv = {2, 3, 4, 5, 6, 7, 8, 9};
+  const Tensor idx = ids(xv, 2, 4), tgt = ids(yv, 2, 4);
+  const Tensor loss = m.loss(idx, tgt);
+  loss.backward();
+  std::vector<std::vector<float>> fused{loss.to_vector<float>()};
+  for (const auto& [name, t] : m.named_parameters()) fused.push_back(t.grad().to_vector<float>());
+
+  // The same model with fresh leaves holding the same values.
+  std::map<std::string, Tensor> p;
+  for (const auto& [name, t] : m.named_parameters()) p[name] = t.detach().clone().requires_grad_();
+  Tensor x = add(embedding(p["wte"], idx), embedding(p["wpe"], arange(4, TensorOptions{DType::I32})));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    auto q = [&](const std::string& s) { return p["h." + std::to_string(l) + "." + s]; };
+    Tensor qkv = linear(layer_norm(x, q("ln_1.weight"), q("ln_1.bias")), q("attn.c_attn.weight"),
+                        q("attn.c_attn.bias"));
+    x = add(x, linear(causal_self_attention(qkv, c.n_head), q("attn.c_proj.weight"), q("attn.c_proj.bias")));
+    Tensor h = linear(layer_norm(x, q("ln_2.weight"), q("ln_2.bias")), q("mlp.c_fc.weight"),
+                      q("mlp.c_fc.bias"), Activation::Gelu);
+    x = add(x, linear(h, q("mlp.c_proj.weight"), q("mlp.c_proj.bias")));
+  }
+  Tensor logits = linear(layer_norm(x, p["ln_f.weight"], p["ln_f.bias"]), p["wte"]);
+  Tensor ref_loss = cross_entropy(logits.view({-1, logits.size(-1)}), tgt.reshape({-1}), c.vocab_size);
+  ref_loss.backward();
+  std::vector<std::vector<float>> apart{ref_loss.to_vector<float>()};
+  for (const auto& [name, t] : m.named_parameters()) apart.push_back(p[name].grad().to_vector<float>());
+  EXPECT_EQ(fused, apart);
 }
 
 TEST(Gpt, BadInputsAreClearErrors) {

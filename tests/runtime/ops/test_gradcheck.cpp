@@ -95,6 +95,27 @@ TEST(Gradcheck, GeluAndLayerNorm) {
                         {leaf({2, 3, 5}, 55)}, 1e-6, 1e-6, 1e-5));
 }
 
+// Both outputs, each alone, and y repeated over x's leading dimension.
+TEST(Gradcheck, AddLayerNorm) {
+  EXPECT_TRUE(gradcheck(
+      [](const V& v) {
+        auto r = add_layer_norm(v[0], v[1], v[2], v[3]);
+        return add(mul(r.sum, 0.7), r.out);
+      },
+      {leaf({4, 6}, 59), leaf({4, 6}, 60), leaf({6}, 61), leaf({6}, 62)}, 1e-6, 1e-6, 1e-5));
+  EXPECT_TRUE(gradcheck([](const V& v) { return add_layer_norm(v[0], v[1], v[2], v[3]).out; },
+                        {leaf({2, 3, 5}, 63), leaf({3, 5}, 64), leaf({5}, 65), leaf({5}, 66)}, 1e-6, 1e-6,
+                        1e-5));
+  EXPECT_TRUE(gradcheck([](const V& v) { return add_layer_norm(v[0], v[1], Tensor(), Tensor()).sum; },
+                        {leaf({2, 3, 5}, 67), leaf({3, 5}, 68)}));
+  EXPECT_TRUE(gradcheck(
+      [](const V& v) {
+        auto r = add_layer_norm(v[0], v[1], Tensor(), Tensor());
+        return add(r.sum, mul(r.out, 1.3));
+      },
+      {leaf({2, 3, 5}, 69), leaf({5}, 70)}, 1e-6, 1e-6, 1e-5));
+}
+
 TEST(Gradcheck, CausalAttention) {
   EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], v[1], v[2]); },
                         {leaf({2, 2, 5, 4}, 56), leaf({2, 2, 5, 4}, 57), leaf({2, 2, 5, 4}, 58)}));

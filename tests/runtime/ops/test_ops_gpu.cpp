@@ -178,6 +178,13 @@ TEST_P(OpsGpu, TransformerOps) {
   compare(
       "layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {{67, 768}, {768}, {768}}, dt, tol);
   compare(
+      "add_layer_norm",
+      [](auto& v) {
+        auto r = add_layer_norm(v[0], v[1], v[2], v[3]);
+        return add(r.sum, r.out);
+      },
+      {{2, 67, 768}, {67, 768}, {768}, {768}}, dt, tol);
+  compare(
       "attention", [](auto& v) { return causal_attention(v[0], v[1], v[2]); },
       {{2, 3, 65, 64}, {2, 3, 65, 64}, {2, 3, 65, 64}}, dt, dt == DType::F32 ? 1e-4 : 2e-2);
   compare(
@@ -191,6 +198,39 @@ TEST_P(OpsGpu, TransformerOps) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, OpsGpu, ::testing::Values(DType::F32, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// bf16 activations with the f32 masters as LayerNorm parameters (Note [f32
+// LayerNorm parameters]): the CPU's values, and f32 parameter gradients.
+TEST(RuntimeGpu, Bf16LayerNormTakesF32Parameters) {
+  REQUIRE_GPU();
+  Generator g(21);
+  const Device d = Device::cuda(0);
+  const Tensor x = randn({2, 67, 768}, {}, &g).to(DType::BF16), y = randn({67, 768}, {}, &g).to(DType::BF16);
+  const Tensor w = randn({768}, {}, &g), b = randn({768}, {}, &g), r = randn({2, 67, 768}, {}, &g);
+  std::vector<std::vector<float>> got[2];
+  for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+    const Device at = on_gpu ? d : Device::cpu();
+    Tensor xs = x.to(at).detach().requires_grad_(), ys = y.to(at).detach().requires_grad_(),
+           ws = w.to(at).detach().requires_grad_(), bs = b.to(at).detach().requires_grad_();
+    auto res = add_layer_norm(xs, ys, ws, bs);
+    sum(mul(add(res.sum, res.out).to(DType::F32), r.to(at))).backward();
+    ASSERT_EQ(ws.grad().dtype(), DType::F32);
+    ASSERT_EQ(bs.grad().dtype(), DType::F32);
+    for (const Tensor& t : {res.out, xs.grad(), ws.grad(), bs.grad()})
+      got[on_gpu].push_back(t.to(Device::cpu()).to(DType::F32).to_vector<float>());
+  }
+  const char* what[] = {"out", "x grad", "w grad", "b grad"};
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    double num = 0, den = 0;
+    for (size_t j = 0; j < got[0][i].size(); ++j) {
+      const double e = got[1][i][j] - got[0][i][j];
+      num += e * e;
+      den += static_cast<double>(got[0][i][j]) * got[0][i][j];
+    }
+    // bf16 values (out, x grad) to bf16 rounding; the f32 sums to f32 rounding of bf16 terms.
+    EXPECT_LT(std::sqrt(num / den), i < 2 ? 1e-2 : 1e-5) << what[i];
+  }
+}
 
 TEST(RuntimeGpu, SeededRandomIdenticalOnCpuAndGpu) {
   REQUIRE_GPU();
