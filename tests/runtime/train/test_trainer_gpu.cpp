@@ -84,9 +84,14 @@ TEST_P(TrainerGpu, SameConfigIsBitwiseIdentical) {
 }
 
 // train.recompute on the GPU: selective and full recompute run the same
-// kernels (GELU as its own kernel, Note [Checkpointed regions]) and give the
-// same bits; no recompute fuses GELU into the GEMM, whose epilogue may round
-// differently, so it is only close. Each mode keeps less at its peak.
+// GEMMs and GELU kernels (GELU as its own kernel, Note [Checkpointed
+// regions]); no recompute fuses GELU into the GEMM, whose epilogue may round
+// differently, so it is only close. In f32 precisions full gives selective's
+// bits; in bf16 it is only close too: a checkpointed block hands on one
+// tensor, so under full the residual add at a block's end is its own op, and
+// its gradient meets the LayerNorm's in a bf16 add instead of inside the
+// fused backward's f32 sum (Note [Residual into LayerNorm]). Each mode keeps
+// less at its peak.
 TEST_P(TrainerGpu, RecomputeTradesMemoryNotResults) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir("bt_trainer_gpu");
@@ -101,12 +106,17 @@ TEST_P(TrainerGpu, RecomputeTradesMemoryNotResults) {
     out[mode] = train(c);
     peak[mode] = cuda_memory_stats(0).peak_allocated;
   }
-  EXPECT_EQ(out["full"].losses, out["selective"].losses);
-  EXPECT_EQ(out["full"].norms, out["selective"].norms);
-  EXPECT_EQ(out["full"].params, out["selective"].params);
-  const double tol = std::string(GetParam()) == "bf16" ? 2e-2 : 1e-4;
-  for (size_t i = 0; i < out["none"].losses.size(); ++i)
-    EXPECT_NEAR(out["none"].losses[i], out["selective"].losses[i], tol * out["none"].losses[i]) << i;
+  const bool bf16 = std::string(GetParam()) == "bf16";
+  const double tol = bf16 ? 2e-2 : 1e-4;
+  if (!bf16) {
+    EXPECT_EQ(out["full"].losses, out["selective"].losses);
+    EXPECT_EQ(out["full"].norms, out["selective"].norms);
+    EXPECT_EQ(out["full"].params, out["selective"].params);
+  }
+  for (const char* mode : {"none", "full"})
+    for (size_t i = 0; i < out[mode].losses.size(); ++i)
+      EXPECT_NEAR(out[mode].losses[i], out["selective"].losses[i], tol * out["selective"].losses[i])
+          << mode << " step " << i;
   EXPECT_LT(peak["selective"], peak["none"]);
   EXPECT_LT(peak["full"], peak["selective"]);
   std::printf("peak memory (bytes): none %zu, selective %zu, full %zu\n", peak["none"], peak["selective"],
