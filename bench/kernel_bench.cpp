@@ -57,6 +57,7 @@ struct Options {
   std::string command_line;
   std::string python = "python3";
   std::string reference = "bench/gpt2_ref.py";  // empty: no PyTorch reference
+  std::string only;                             // empty: every section; else gemm, attention or memory
 };
 
 Options parse(int argc, char** argv) {
@@ -74,13 +75,20 @@ Options parse(int argc, char** argv) {
       o.reference = argv[++i];
     } else if (a == "--no-reference") {
       o.reference.clear();
+    } else if (a == "--only" && i + 1 < argc) {
+      o.only = argv[++i];
+      if (o.only != "gemm" && o.only != "attention" && o.only != "memory") {
+        std::cerr << "bt_kernel_bench: --only takes gemm, attention or memory, got '" << o.only << "'\n";
+        std::exit(2);
+      }
     } else if (a == "--help" || a == "-h") {
       std::cout << "usage: bt_kernel_bench [--quick] [--markdown PATH] [--python PY] "
-                   "[--reference-script PATH | --no-reference]\n";
+                   "[--reference-script PATH | --no-reference] [--only gemm|attention|memory]\n";
       std::exit(0);
     } else {
       std::cerr << "bt_kernel_bench: unknown argument '" << a
-                << "' (use --quick, --markdown PATH, --python PY, --reference-script PATH, --no-reference)\n";
+                << "' (use --quick, --markdown PATH, --python PY, --reference-script PATH, --no-reference, "
+                   "--only SECTION)\n";
       std::exit(2);
     }
   }
@@ -251,6 +259,34 @@ double layernorm_gbps(Timer& timer, cudaStream_t s, DType dt, size_t x_bytes, in
   return bytes / (ms * 1e-3) / 1e9;
 }
 
+/// The backward of add_layer_norm as GPT-2 runs it: dx = LN'(dy) + dres, and
+/// the f32 weight and bias gradients (f32 parameters under bf16). Counts the
+/// reads of dy, x and dres, the write of dx, and w, dw, db.
+double layernorm_backward_gbps(Timer& timer, cudaStream_t s, DType dt, size_t x_bytes, int64_t cols) {
+  const size_t es = bt::dtype_size(dt);
+  const int64_t rows = static_cast<int64_t>(x_bytes / es) / cols;
+  const bt::kernels::LnTypes t =
+      dt == DType::BF16 ? bt::kernels::LnTypes(dt, DType::F32, DType::F32) : bt::kernels::LnTypes(dt);
+  const size_t ps = bt::dtype_size(t.w);
+  Dev x(x_bytes), dy(x_bytes), dres(x_bytes), dx(x_bytes), w(cols * ps), dw(cols * ps), db(cols * ps),
+      mean(rows * 4), rstd(rows * 4),
+      scratch(cuda::layernorm_backward_scratch_floats(rows, cols) * sizeof(float));
+  fill_random(dt, x.p, rows * cols, 11, -2.0f, 2.0f, s);
+  fill_random(dt, dy.p, rows * cols, 12, -1.0f, 1.0f, s);
+  fill_random(dt, dres.p, rows * cols, 13, -1.0f, 1.0f, s);
+  fill_random(t.w, w.p, cols, 14, 0.5f, 1.5f, s);
+  fill_random(DType::F32, mean.p, rows, 15, -0.1f, 0.1f, s);
+  fill_random(DType::F32, rstd.p, rows, 16, 0.9f, 1.1f, s);
+  const double ms = timer.median_ms(
+      [&] {
+        cuda::layernorm_backward(t, dy.p, x.p, w.p, mean.as<float>(), rstd.as<float>(), dx.p, dw.p, db.p,
+                                 rows, cols, scratch.as<float>(), s, dres.p);
+      },
+      s);
+  const double bytes = 4.0 * static_cast<double>(rows * cols * es) + 3.0 * cols * ps + 2.0 * rows * 4;
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
 double adamw_gbps(Timer& timer, cudaStream_t s, size_t param_bytes) {
   const int64_t n = static_cast<int64_t>(param_bytes / 4);
   Dev p(param_bytes), g(param_bytes), m(param_bytes), v(param_bytes);
@@ -406,12 +442,16 @@ int main(int argc, char** argv) {
     BT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     Timer timer(opt.quick ? 3 : 10, opt.quick ? 20 : 50);
     std::vector<Row> rows;
-    bench_gemm(timer, s, rows);
-    bench_gemm_gpt2_shapes(timer, s, rows);
-    bench_attention(opt, timer, s, rows);
+    auto want = [&](const char* section) { return opt.only.empty() || opt.only == section; };
+    if (want("gemm")) {
+      bench_gemm(timer, s, rows);
+      bench_gemm_gpt2_shapes(timer, s, rows);
+    }
+    if (want("attention")) bench_attention(opt, timer, s, rows);
 
-    std::vector<size_t> sizes = {size_t{64} << 20};
-    if (!opt.quick) sizes.push_back(size_t{256} << 20);
+    std::vector<size_t> sizes;
+    if (want("memory")) sizes.push_back(size_t{64} << 20);
+    if (want("memory") && !opt.quick) sizes.push_back(size_t{256} << 20);
     for (size_t bytes : sizes) {
       const double copy = copy_gbps(timer, s, bytes);
       rows.push_back({"D2D copy (read + write)", mib(bytes), "GB/s", copy, copy, "itself"});
@@ -422,6 +462,12 @@ int main(int argc, char** argv) {
                               std::to_string(cols),
                           mib(bytes) + " x", "GB/s", ln, copy, "D2D copy"});
         }
+      }
+      for (DType dt : {DType::F32, DType::BF16}) {
+        const double lb = layernorm_backward_gbps(timer, s, dt, bytes, 768);
+        rows.push_back(
+            {std::string("LayerNorm bwd + residual grad ") + std::string(bt::dtype_name(dt)) + ", cols 768",
+             mib(bytes) + " x", "GB/s", lb, copy, "D2D copy"});
       }
       const double ad = adamw_gbps(timer, s, bytes);
       rows.push_back({"AdamW (f32 grads)", mib(bytes) + " params", "GB/s", ad, copy, "D2D copy"});
