@@ -36,6 +36,14 @@ namespace cuda {
 void cross_entropy_forward(const CrossEntropyArgs& a, float* loss, float* lse, cudaStream_t stream);
 void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const float* dloss, void* dlogits,
                             cudaStream_t stream);
+/// The forward, and in the same pass the backward for dloss[row] = dl (every
+/// row): the bits of cross_entropy_forward then cross_entropy_backward, one
+/// read of the logits fewer. dlogits may be the logits.
+void cross_entropy_forward_backward(const CrossEntropyArgs& a, float* loss, float* lse, float dl,
+                                    void* dlogits, cudaStream_t stream);
+/// dlogits[0, n) *= g[0] / hint unless g[0] == hint, g read on the device.
+void cross_entropy_rescale(DType dt, void* dlogits, int64_t n, const float* g, float hint,
+                           cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

@@ -14,12 +14,75 @@ using namespace detail;
 
 constexpr int kThreads = 512;
 
+__device__ __forceinline__ float ce_grad(float x, int64_t c, int64_t vocab, int32_t tg, float lse, float dl) {
+  if (c >= vocab || tg == -1) return 0.0f;
+  if (tg < 0 || tg >= vocab) return __int_as_float(0x7fc00000);
+  return (expf(x - lse) - (c == tg ? 1.0f : 0.0f)) * dl;
+}
+
+/// Writes row `p`'s gradient (softmax - onehot) * dl into `d` (all `ld` columns,
+/// 0 beyond vocab). `p` and `d` may be the same row: each element is read,
+/// then written, by one thread, so neither pointer is __restrict__.
+template <typename T, bool kVec>
+__device__ __forceinline__ void ce_grad_row(const T* p, T* d, int64_t vocab, int64_t ld, int32_t tg, float l,
+                                            float dl) {
+  if constexpr (kVec) {
+    constexpr int V = kVec16<T>;
+    using P = Pack<T, V>;
+    const int64_t npacks = ld / V;  // ld % V == 0 on this path
+    const P* pp = reinterpret_cast<const P*>(p);
+    P* pd = reinterpret_cast<P*>(d);
+    for (int64_t i = threadIdx.x; i < npacks; i += kThreads) {
+      const int64_t c0 = i * V;
+      P out;
+      if (c0 < vocab) {
+        const P pk = pp[i];  // the whole pack lies inside the row (c0 + V <= ld)
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          out.v[j] = from_float<T>(ce_grad(to_float(pk.v[j]), c0 + j, vocab, tg, l, dl));
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(0.0f);
+      }
+      pd[i] = out;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < ld; c += kThreads)
+      stf(d + c, c < vocab ? ce_grad(ldf(p + c), c, vocab, tg, l, dl) : 0.0f);
+  }
+}
+
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    ce_fwd_kernel(const T* __restrict__ logits, int64_t vocab, int64_t ld,
-                  const int32_t* __restrict__ targets, float* __restrict__ loss,
-                  float* __restrict__ lse_out) {
-  __shared__ float sm[32], ss[32];
+    ce_bwd_kernel(const T* logits, int64_t vocab, int64_t ld, const int32_t* __restrict__ targets,
+                  const float* __restrict__ lse, const float* __restrict__ dloss, T* dlogits) {
+  // logits and dlogits may be the same buffer (the runtime writes the gradient
+  // over logits nobody else holds).
+  const int64_t row = blockIdx.x;
+  ce_grad_row<T, kVec>(logits + row * ld, dlogits + row * ld, vocab, ld, targets[row], lse[row], dloss[row]);
+}
+
+/// d *= g / hint, unless g == hint (then nothing: the gradient the forward wrote
+/// was for this g). Reads g on the device: no host sync, capture-safe.
+template <typename T>
+__global__ void ce_rescale_kernel(T* d, int64_t n, const float* __restrict__ g, float hint) {
+  const float gv = *g;
+  if (gv == hint) return;
+  const float s = gv / hint;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    stf(d + i, ldf(d + i) * s);
+}
+
+/// One row per block: lse and loss; with kGrad also the gradient times `dl`
+/// into `dlogits` (which may be the logits: Note [Gradient in the forward
+/// pass] in runtime/ops/cross_entropy.cpp), from the lse just computed, as
+/// ce_bwd_kernel would write it.
+template <typename T, bool kVec, bool kGrad>
+__global__ void __launch_bounds__(kThreads)
+    ce_fwd_kernel(const T* logits, int64_t vocab, int64_t ld, const int32_t* __restrict__ targets,
+                  float* __restrict__ loss, float* __restrict__ lse_out, float dl, T* dlogits) {
+  __shared__ float sm[32], ss[32], row_lse;
   const int64_t row = blockIdx.x;
   const T* p = logits + row * ld;
   MaxSum st{-INFINITY, 0.0f};
@@ -49,6 +112,7 @@ __global__ void __launch_bounds__(kThreads)
     t = warp_combine(t);
     if (lane == 0) {
       const float lse = t.m + logf(t.s);
+      row_lse = lse;
       if (lse_out) lse_out[row] = lse;
       if (loss) {
         const int32_t tg = targets[row];
@@ -63,49 +127,9 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-}
-
-__device__ __forceinline__ float ce_grad(float x, int64_t c, int64_t vocab, int32_t tg, float lse, float dl) {
-  if (c >= vocab || tg == -1) return 0.0f;
-  if (tg < 0 || tg >= vocab) return __int_as_float(0x7fc00000);
-  return (expf(x - lse) - (c == tg ? 1.0f : 0.0f)) * dl;
-}
-
-template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads)
-    ce_bwd_kernel(const T* logits, int64_t vocab, int64_t ld, const int32_t* __restrict__ targets,
-                  const float* __restrict__ lse, const float* __restrict__ dloss, T* dlogits) {
-  // logits and dlogits may be the same buffer (the runtime writes the gradient
-  // over logits nobody else holds): each element is read, then written, by one
-  // thread, so neither pointer is __restrict__.
-  const int64_t row = blockIdx.x;
-  const T* p = logits + row * ld;
-  T* d = dlogits + row * ld;
-  const int32_t tg = targets[row];
-  const float l = lse[row], dl = dloss[row];
-  if constexpr (kVec) {
-    constexpr int V = kVec16<T>;
-    using P = Pack<T, V>;
-    const int64_t npacks = ld / V;  // ld % V == 0 on this path
-    const P* pp = reinterpret_cast<const P*>(p);
-    P* pd = reinterpret_cast<P*>(d);
-    for (int64_t i = threadIdx.x; i < npacks; i += kThreads) {
-      const int64_t c0 = i * V;
-      P out;
-      if (c0 < vocab) {
-        const P pk = pp[i];  // the whole pack lies inside the row (c0 + V <= ld)
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-          out.v[j] = from_float<T>(ce_grad(to_float(pk.v[j]), c0 + j, vocab, tg, l, dl));
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(0.0f);
-      }
-      pd[i] = out;
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < ld; c += kThreads)
-      stf(d + c, c < vocab ? ce_grad(ldf(p + c), c, vocab, tg, l, dl) : 0.0f);
+  if constexpr (kGrad) {
+    __syncthreads();
+    ce_grad_row<T, kVec>(p, dlogits + row * ld, vocab, ld, targets[row], row_lse, dl);
   }
 }
 
@@ -130,9 +154,11 @@ void cross_entropy_forward(const CrossEntropyArgs& a, float* loss, float* lse, c
     const bool vec = a.ld % kVec16<T> == 0 && aligned_to(pl, 16);
     const unsigned blocks = static_cast<unsigned>(a.rows);
     if (vec)
-      ce_fwd_kernel<T, true><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse);
+      ce_fwd_kernel<T, true, false>
+          <<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse, 0.0f, nullptr);
     else
-      ce_fwd_kernel<T, false><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse);
+      ce_fwd_kernel<T, false, false>
+          <<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse, 0.0f, nullptr);
     BT_KERNEL_CHECK();
   });
 }
@@ -154,6 +180,40 @@ void cross_entropy_backward(const CrossEntropyArgs& a, const float* lse, const f
       ce_bwd_kernel<T, true><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, lse, dloss, pd);
     else
       ce_bwd_kernel<T, false><<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, lse, dloss, pd);
+    BT_KERNEL_CHECK();
+  });
+}
+
+void cross_entropy_forward_backward(const CrossEntropyArgs& a, float* loss, float* lse, float dl,
+                                    void* dlogits, cudaStream_t stream) {
+  check_args(a, "cross_entropy_forward_backward");
+  dispatch_float(a.dt, "cross_entropy_forward_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (a.rows == 0) return;
+    BT_CHECK(a.vocab > 0, "cuda cross_entropy_forward_backward: vocab must be positive");
+    BT_CHECK(a.logits != nullptr && a.targets != nullptr && dlogits != nullptr,
+             "cuda cross_entropy_forward_backward: logits, targets and dlogits must be non-null");
+    const T* pl = static_cast<const T*>(a.logits);
+    T* pd = static_cast<T*>(dlogits);
+    const bool vec = a.ld % kVec16<T> == 0 && aligned_to(pl, 16) && aligned_to(pd, 16);
+    const unsigned blocks = static_cast<unsigned>(a.rows);
+    if (vec)
+      ce_fwd_kernel<T, true, true>
+          <<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse, dl, pd);
+    else
+      ce_fwd_kernel<T, false, true>
+          <<<blocks, kThreads, 0, stream>>>(pl, a.vocab, a.ld, a.targets, loss, lse, dl, pd);
+    BT_KERNEL_CHECK();
+  });
+}
+
+void cross_entropy_rescale(DType dt, void* dlogits, int64_t n, const float* g, float hint,
+                           cudaStream_t stream) {
+  dispatch_float(dt, "cross_entropy_rescale", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (n == 0) return;
+    const unsigned blocks = grid_stride_blocks(n, 256, 1);
+    ce_rescale_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(dlogits), n, g, hint);
     BT_KERNEL_CHECK();
   });
 }

@@ -187,12 +187,14 @@ Tensor Gpt::forward(const Tensor& idx) const {
   return source_ ? source_->leave(0, {logits})[0] : logits;
 }
 
-Tensor Gpt::loss(const Tensor& idx, const Tensor& targets) const {
+Tensor Gpt::loss(const Tensor& idx, const Tensor& targets, float grad_hint) const {
   BT_CHECK(targets.shape() == idx.shape(), "Gpt::loss: targets ", shape_str(targets.shape()),
            " must have the shape of the inputs ", shape_str(idx.shape()));
   Tensor logits = forward(idx);
   ProfileScope prof("cross_entropy");
-  return cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}), cfg_.vocab_size);
+  Tensor flat = logits.view({-1, logits.size(-1)});
+  logits = Tensor();  // the loss consumes the logits (Note [Gradient in the forward pass])
+  return cross_entropy(std::move(flat), targets.reshape({-1}), cfg_.vocab_size, grad_hint);
 }
 
 }  // namespace bt::nn

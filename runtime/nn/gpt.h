@@ -78,7 +78,9 @@ class Gpt {
   Tensor forward(const Tensor& idx) const;
   /// Mean cross-entropy of forward(idx) against targets (i32 [B, T], -1 =
   /// ignore) over the first vocab_size columns; an f32 scalar.
-  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  /// `grad_hint` != 0: the gradient backward will bring to the loss (Note
+  /// [Gradient in the forward pass]; the Trainer's 1 / grad_accum).
+  Tensor loss(const Tensor& idx, const Tensor& targets, float grad_hint = 0.0f) const;
 
   /// Parameters in a fixed order with GPT-2/nanoGPT names ("wte", "wpe",
   /// "h.0.ln_1.weight", ..., "ln_f.bias"); Linear weights are [out, in].

@@ -11,7 +11,22 @@
 
 namespace bt {
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t vocab) {
+// Note [Gradient in the forward pass]
+// The logits are the largest tensor of a GPT step (rows x padded vocabulary)
+// and cross-entropy is their only reader: its forward reads them once for the
+// log-sum-exp, its backward once more to write the gradient. When the caller
+// hands the logits over (moved in: the op holds the only handle) and says
+// which incoming gradient to expect (`grad_hint`: the Trainer backpropagates
+// exactly that value, 1 / grad_accum), the forward writes the gradient over
+// the logits as soon as each row's log-sum-exp is known, in the same pass
+// (cuda::cross_entropy_forward_backward: the bits of the two kernels). The
+// backward then has nothing to read: it returns that buffer, after a kernel
+// that compares the incoming gradient with the hint on the device (no host
+// read, so a CUDA graph captures it) and rescales only when they differ.
+// With retain_graph the rescale goes to a copy, so a second pass sees the
+// buffer unchanged. The saved bandwidth: one read of the logits per step.
+Tensor cross_entropy(Tensor logits_in, const Tensor& targets_in, int64_t vocab, float grad_hint) {
+  const bool consumed = logits_in.defined() && logits_in.impl_ptr()->storage.use_count() == 1;
   detail::check_defined("cross_entropy", logits_in, "logits");
   detail::check_defined("cross_entropy", targets_in, "targets");
   detail::check_dtype("cross_entropy", logits_in, "logits", {DType::F32, DType::F64, DType::BF16});
@@ -48,10 +63,48 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
   kernels::CrossEntropyArgs a{logits.dtype(), logits.data_ptr(), rows, vocab, ld, targets.data<int32_t>()};
   TensorOptions f32{DType::F32, logits.device()};
   Tensor loss = empty({rows}, f32), lse = empty({rows}, f32);
+  const double inv = 1.0 / static_cast<double>(std::max<int64_t>(valid, 1));
+  const bool fuse = grad_hint != 0.0f && consumed && autograd::any_requires_grad({&logits_in}) &&
+                    logits.impl_ptr()->storage == logits_in.impl_ptr()->storage;
+  if (fuse) {  // Note [Gradient in the forward pass]
+    const float dl = static_cast<float>(static_cast<double>(grad_hint) * inv);
+    detail::on_device(
+        logits.device(),
+        [&] {
+          kernels::cpu::cross_entropy_forward(a, loss.data<float>(), lse.data<float>());
+          const std::vector<float> dloss(static_cast<size_t>(rows), dl);
+          kernels::cpu::cross_entropy_backward(a, lse.data<float>(), dloss.data(), logits.data_ptr());
+        },
+        BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_forward_backward(a, loss.data<float>(), lse.data<float>(),
+                                                                     dl, logits.data_ptr(), stream)));
+    logits.bump_version();  // the storage holds the gradient now
+    Tensor out;
+    {
+      NoGradGuard ng;
+      out = mul(sum(loss), inv);
+    }
+    autograd::record("CrossEntropyBackward", {&logits_in, nullptr}, out,
+                     [sg = SavedTensor(logits, "cross_entropy"), grad_hint,
+                      shape = logits_in.shape()](autograd::Grads& g) -> autograd::Grads {
+                       Tensor d = sg.unpack();
+                       if (autograd::retaining_graph()) d = d.clone();
+                       const Tensor gin = g[0].to(DType::F32).contiguous();
+                       detail::on_device(
+                           d.device(),
+                           [&] {
+                             const float gv = gin.item<float>();
+                             if (gv != grad_hint) d.mul_(static_cast<double>(gv / grad_hint));
+                           },
+                           BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_rescale(
+                               d.dtype(), d.data_ptr(), d.numel(), gin.data<float>(), grad_hint, stream)));
+                       d.bump_version();
+                       return {d.view(shape), Tensor()};
+                     });
+    return out;
+  }
   detail::on_device(
       logits.device(), [&] { kernels::cpu::cross_entropy_forward(a, loss.data<float>(), lse.data<float>()); },
       BT_CUDA_LAMBDA(kernels::cuda::cross_entropy_forward(a, loss.data<float>(), lse.data<float>(), stream)));
-  const double inv = 1.0 / static_cast<double>(std::max<int64_t>(valid, 1));
   Tensor out;
   {
     NoGradGuard ng;

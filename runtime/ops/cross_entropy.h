@@ -13,6 +13,11 @@ namespace bt {
 /// outside [0, vocab) are an error that names the first bad position. The
 /// targets may be on the host while the logits are on a GPU: they are checked
 /// there without waiting for the device (Note [Targets on the host]).
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab = -1);
+///
+/// With `grad_hint` != 0, logits that require grad and that the caller moved
+/// in (no other handle on their storage) are consumed: the forward also
+/// writes the loss's gradient for an incoming gradient of `grad_hint` over
+/// them, in the same pass (Note [Gradient in the forward pass]).
+Tensor cross_entropy(Tensor logits, const Tensor& targets, int64_t vocab = -1, float grad_hint = 0.0f);
 
 }  // namespace bt

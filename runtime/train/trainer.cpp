@@ -172,15 +172,19 @@ void Trainer::device_step() {
       ProfileScope prof("data");
       x = inputs_[j].to(device_, /*non_blocking=*/true);
     }
+    // Each micro-step's loss enters backward with gradient 1 / A (the mean over
+    // micro-steps), which the loss knows in advance (Note [Gradient in the
+    // forward pass]).
+    const float grad = 1.0f / static_cast<float>(accum_);
     {
       ProfileScope prof("forward");
       // The targets stay on the host (Note [Targets on the host]).
-      loss = model_->loss(x, targets_[j]);
+      loss = model_->loss(x, targets_[j], grad);
     }
     {
       ProfileScope prof("backward");
       strategy_->before_backward(j == accum_ - 1);  // ranks communicate on the last micro-step only
-      (accum_ == 1 ? loss : mul(loss, 1.0 / static_cast<double>(accum_))).backward();
+      loss.backward(full(loss.shape(), grad, TensorOptions{DType::F32, device_}));
     }
     NoGradGuard ng;
     Tensor l = loss.detach();

@@ -321,6 +321,41 @@ TEST(RuntimeGpu, CrossEntropyTakesTargetsFromTheHost) {
   }
 }
 
+// Note [Gradient in the forward pass] on the GPU: the fused kernel writes the
+// unfused backward's bits over the logits (bf16 and f32, vectorized and
+// scalar rows), and another incoming gradient is rescaled on the device.
+TEST(RuntimeGpu, CrossEntropyGradientInTheForwardPass) {
+  REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (int64_t cols : {136, 131}) {  // 16-byte rows, and rows that take the scalar path
+      for (float incoming : {0.5f, 0.3f}) {
+        Generator g(5);
+        Tensor x0 = uniform({64, cols}, -4, 4, TensorOptions{DType::F32, Device::cuda(0)}, &g).to(dt);
+        Tensor tg = from_vector<int32_t>(std::vector<int32_t>(64, 7), {64}).pin_memory();
+        std::vector<std::vector<float>> got;
+        for (bool fused : {false, true}) {
+          Tensor x = x0.detach().requires_grad_();
+          Tensor logits = mul(x, 1.0);
+          Tensor loss =
+              fused ? cross_entropy(std::move(logits), tg, 128, 0.5f) : cross_entropy(logits, tg, 128);
+          loss.backward(full({}, incoming, TensorOptions{DType::F32, Device::cuda(0)}));
+          got.push_back(loss.to(DType::F32).to_vector<float>());
+          got.push_back(x.grad().to(DType::F32).to_vector<float>());
+        }
+        EXPECT_EQ(got[0], got[2]) << dt << " " << cols;
+        if (incoming == 0.5f) {
+          EXPECT_EQ(got[1], got[3]) << dt << " " << cols;
+        } else {
+          const double tol = dt == DType::BF16 ? 1e-2 : 1e-6;
+          for (size_t i = 0; i < got[1].size(); ++i)
+            EXPECT_NEAR(got[3][i], got[1][i], tol * std::abs(got[1][i]) + 1e-9)
+                << dt << " " << cols << " " << i;
+        }
+      }
+    }
+  }
+}
+
 /// 50 AdamW steps of a softmax regression (all targets 3: learnable through
 /// the bias) on `d`; returns the loss of every step.
 std::vector<float> train_losses(const Device& d) {
