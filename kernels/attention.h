@@ -4,10 +4,25 @@
 //
 //   S = scale * Q K^T (masked: key j > query i is -inf),  P = softmax(S),  O = P V
 //
-// Q, K, V, O and their gradients are [B, H, T, D] views given by element
-// strides for b, h and t (the d stride is 1), so q/k/v can be slices of a
-// fused [B, T, 3, H, D] projection without a copy. lse is contiguous [B, H, T]
-// float. Dtypes: F32, F64 on CPU, BF16 (float accumulation).
+// Q, O and their gradients are [B, H, T, D] views, K, V and theirs [B, Hkv,
+// T, D] views (Hkv = H unless set: Note [Grouped-query attention]), each given
+// by element strides for b, h and t (the d stride is 1), so q/k/v can be
+// slices of a fused [B, T, 3, H, D] projection without a copy. lse is
+// contiguous [B, H, T] float. Dtypes: F32, F64 on CPU, BF16 (float accumulation).
+//
+// Note [Grouped-query attention]
+// With Hkv < H key/value heads (Hkv divides H), the G = H / Hkv query heads
+// h = G hk .. G hk + G - 1 share key/value head hk: query head h reads K/V
+// head h / G in place (no repeated copies of K and V exist anywhere). Hkv = H
+// is multi-head attention (GPT-2), and Hkv = 1 multi-query attention. In the
+// backward, dK and dV of head hk are sums over the G query heads of its group;
+// every kernel computes them deterministically and without atomics: the unit
+// of work that owns a block of K/V rows loops over the group's query heads in
+// the fixed order h = G hk, G hk + 1, ..., accumulating into the same
+// registers (or compute-type buffers on the CPU) before the one write. With
+// G = 1 that loop runs once and every kernel does exactly the arithmetic it did
+// before GQA existed, so MHA results are bitwise unchanged. lse, the
+// backward's Di scratch and everything per query row stay [B, H, T].
 #pragma once
 
 #include <cstddef>
@@ -23,12 +38,27 @@ namespace bt::kernels {
 
 struct AttnShape {
   int64_t B = 0, H = 0, T = 0, D = 0;
+  int64_t Hkv = 0;  // key/value heads; 0 means H (Note [Grouped-query attention])
+
+  /// Key/value heads (Hkv, or H when Hkv is 0).
+  int64_t kv_heads() const { return Hkv != 0 ? Hkv : H; }
+  /// Query heads per key/value head, G = H / Hkv (1 when there are no heads).
+  int64_t group() const { return kv_heads() > 0 ? H / kv_heads() : 1; }
 };
 struct AttnStrides {
   int64_t b = 0, h = 0, t = 0;
 };
-/// Strides of a contiguous [B, H, T, D] buffer.
+/// Strides of a contiguous [B, H, T, D] buffer (q, o and their gradients).
 inline AttnStrides contiguous_bhtd(const AttnShape& s) { return {s.H * s.T * s.D, s.T * s.D, s.D}; }
+/// Strides of a contiguous [B, Hkv, T, D] buffer (k, v and their gradients).
+inline AttnStrides contiguous_kv_bhtd(const AttnShape& s) {
+  return {s.kv_heads() * s.T * s.D, s.T * s.D, s.D};
+}
+
+/// Throws a clear error (naming `what`, the calling kernel) unless every dim
+/// is >= 0 and the key/value heads are valid: Hkv >= 1 dividing H, or 0 (= H).
+/// Host code, every build (kernels/common/attention_path.cpp).
+void check_attn_shape(const AttnShape& s, const char* what);
 
 struct AttnForward {
   DType dt = DType::F32;
@@ -36,7 +66,7 @@ struct AttnForward {
   float scale = 1.0f;
   const void* q = nullptr;
   AttnStrides sq;
-  const void* k = nullptr;
+  const void* k = nullptr;  // [B, Hkv, T, D], like v
   AttnStrides sk;
   const void* v = nullptr;
   AttnStrides sv;
@@ -61,8 +91,8 @@ struct AttnBackward {
   AttnStrides sdo;
   const float* lse = nullptr;
   void* dq = nullptr;
-  AttnStrides sdq;  // written, not accumulated
-  void* dk = nullptr;
+  AttnStrides sdq;     // written, not accumulated
+  void* dk = nullptr;  // [B, Hkv, T, D], like dv: sums over each head's group
   AttnStrides sdk;
   void* dv = nullptr;
   AttnStrides sdv;

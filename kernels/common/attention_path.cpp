@@ -1,5 +1,6 @@
-// Which CUDA attention implementation a call runs (kernels/attention.h). Plain
-// C++ on the call's description, so every build compiles it and its test
+// Which CUDA attention implementation a call runs (kernels/attention.h), and
+// the shape check every backend shares. Plain C++ on the call's description,
+// so every build compiles it and its test
 // (tests/kernels/common/test_attention_path.cpp) runs without a GPU;
 // kernels/cuda/attention.cu switches on it, so the test checks what runs.
 //
@@ -11,6 +12,7 @@
 #include <initializer_list>
 
 #include "kernels/attention.h"
+#include "kernels/common/error.h"
 
 namespace bt::kernels {
 namespace {
@@ -18,6 +20,7 @@ namespace {
 struct View {
   const void* p;
   AttnStrides s;
+  bool kv = false;  // a [B, Hkv, T, D] view (k, v, dk, dv)
 };
 
 /// Every [b, h, t] row of every view starts on a 16-byte boundary: an aligned
@@ -26,8 +29,9 @@ struct View {
 bool rows_aligned16(std::initializer_list<View> views, const AttnShape& sh, DType dt) {
   const int64_t n = 16 / static_cast<int64_t>(dtype_size(dt));
   for (const View& v : views) {
+    const int64_t heads = v.kv ? sh.kv_heads() : sh.H;
     const bool ok = v.p != nullptr && reinterpret_cast<uintptr_t>(v.p) % 16 == 0 &&
-                    (sh.B == 1 || v.s.b % n == 0) && (sh.H == 1 || v.s.h % n == 0) &&
+                    (sh.B == 1 || v.s.b % n == 0) && (heads == 1 || v.s.h % n == 0) &&
                     (sh.T == 1 || v.s.t % n == 0);
     if (!ok) return false;
   }
@@ -39,6 +43,15 @@ bool rows_aligned16(std::initializer_list<View> views, const AttnShape& sh, DTyp
 bool tensor_core_scale(float scale) { return scale > 0.0f && !std::isinf(scale); }
 
 }  // namespace
+
+void check_attn_shape(const AttnShape& s, const char* what) {
+  BT_CHECK(s.B >= 0 && s.H >= 0 && s.T >= 0 && s.D >= 0 && s.Hkv >= 0, what, ": negative shape [B=", s.B,
+           ", H=", s.H, ", T=", s.T, ", D=", s.D, ", Hkv=", s.Hkv, "]");
+  BT_CHECK(s.Hkv == 0 || s.H % s.Hkv == 0, what, ": the ", s.Hkv, " key/value heads (Hkv) must divide the ",
+           s.H,
+           " query heads (H): each key/value head serves H / Hkv query heads "
+           "(Note [Grouped-query attention])");
+}
 
 const char* name_of(AttnPath p) {
   switch (p) {
@@ -57,7 +70,7 @@ namespace cuda {
 AttnPath attention_forward_path(const AttnForward& a) {
   const int64_t D = a.shape.D;
   const auto aligned = [&] {
-    return rows_aligned16({{a.q, a.sq}, {a.k, a.sk}, {a.v, a.sv}, {a.o, a.so}}, a.shape, a.dt);
+    return rows_aligned16({{a.q, a.sq}, {a.k, a.sk, true}, {a.v, a.sv, true}, {a.o, a.so}}, a.shape, a.dt);
   };
   if (a.dt == DType::BF16 && (D == 32 || D == 64 || D == 128) && tensor_core_scale(a.scale) && aligned())
     return AttnPath::TensorCore;
@@ -70,13 +83,13 @@ AttnPath attention_backward_path(const AttnBackward& a) {
   const int64_t D = a.shape.D;
   const auto aligned = [&] {
     return rows_aligned16({{a.q, a.sq},
-                           {a.k, a.sk},
-                           {a.v, a.sv},
+                           {a.k, a.sk, true},
+                           {a.v, a.sv, true},
                            {a.o, a.so},
                            {a.dout, a.sdo},
                            {a.dq, a.sdq},
-                           {a.dk, a.sdk},
-                           {a.dv, a.sdv}},
+                           {a.dk, a.sdk, true},
+                           {a.dv, a.sdv, true}},
                           a.shape, a.dt);
   };
   // The tensor-core backward has no D = 128 configuration (the forward has).

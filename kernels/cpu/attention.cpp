@@ -3,12 +3,16 @@
 // Forward, per query row i: a streaming (online) softmax over keys j <= i,
 // rescaling the running output when the running max grows; writes
 // o = sum_j p_j v_j and lse = max + log(sum_j exp(s_j - max)).
-// Backward, per (b, h): recomputes P = exp(s - lse) row by row and accumulates
-// dq, dk, dv in compute-type buffers, which are then stored (every element of
-// dq/dk/dv is written). For F64 the backward recomputes lse in double instead
-// of using the float lse, so F64 gradients stay accurate to double precision.
+// Backward, per (b, key/value head hk): for each query head h of its group in
+// order (Note [Grouped-query attention]; one head without GQA) recomputes
+// P = exp(s - lse) row by row and accumulates dq (per query head), dk and dv
+// (over the group) in compute-type buffers, which are then stored (every
+// element of dq/dk/dv is written). For F64 the backward recomputes lse in
+// double instead of using the float lse, so F64 gradients stay accurate to
+// double precision.
 //
-// Heads (b, h) run in parallel. Within a head, the dot products q_i . k_j and
+// Heads run in parallel: query heads (b, h) in the forward, key/value heads
+// (b, hk) with their groups in the backward. Within a head, the dot products q_i . k_j and
 // do_i . v_j for all keys j of a query row are computed together from
 // transposed K and V (vectorizable across j); each still sums over d in order
 // from 0, so the results are bitwise those of the plain per-pair loops.
@@ -109,8 +113,8 @@ BT_INLINE void forward_head(const A* q, const A* kt, const A* v, int64_t T_, int
 }
 
 /// One head of the backward on packed buffers (kt, vt: K and V transposed;
-/// lse: the head's row lse in A). dq, dk, dv start at zero and are
-/// accumulated; s and dp are scratch of T_.
+/// lse: the head's row lse in A). Accumulates into dq, dk and dv (the caller
+/// zeroes them: dk and dv once per group of query heads); s and dp are scratch of T_.
 template <class A>
 BT_INLINE void backward_head(const A* q, const A* k, const A* kt, const A* vt, const A* o, const A* dO,
                              const A* lse, int64_t T_, int64_t D, A scale, A* dq, A* dk, A* dv, A* s, A* dp) {
@@ -156,16 +160,16 @@ BT_CLONES void backward_head_f32(const float* q, const float* k, const float* kt
 template <class T>
 void forward_impl(const AttnForward& a) {
   using A = acc_t<T>;
-  const auto [B, H, T_, D] = a.shape;
+  const int64_t B = a.shape.B, H = a.shape.H, T_ = a.shape.T, D = a.shape.D, G = a.shape.group();
   const A scale = static_cast<A>(a.scale);
-  // One (b, h) head per index: heads write disjoint slices of o and lse.
+  // One (b, h) query head per index: heads write disjoint slices of o and lse.
   parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
     std::vector<A> q, k, kt, v, o(static_cast<size_t>(T_ * D)), s(static_cast<size_t>(T_));
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       load_head(static_cast<const T*>(a.q), a.sq, b, h, T_, D, q);
-      load_head(static_cast<const T*>(a.k), a.sk, b, h, T_, D, k);
-      load_head(static_cast<const T*>(a.v), a.sv, b, h, T_, D, v);
+      load_head(static_cast<const T*>(a.k), a.sk, b, h / G, T_, D, k);
+      load_head(static_cast<const T*>(a.v), a.sv, b, h / G, T_, D, v);
       transpose(k, T_, D, kt);
       float* lse = a.lse ? a.lse + bh * T_ : nullptr;
       if constexpr (std::is_same_v<A, float>)
@@ -180,65 +184,65 @@ void forward_impl(const AttnForward& a) {
 template <class T>
 void backward_impl(const AttnBackward& a) {
   using A = acc_t<T>;
-  const auto [B, H, T_, D] = a.shape;
+  const int64_t B = a.shape.B, H = a.shape.H, T_ = a.shape.T, D = a.shape.D, G = a.shape.group();
+  const int64_t Hkv = a.shape.kv_heads();
   const A scale = static_cast<A>(a.scale);
   const size_t TD = static_cast<size_t>(T_ * D);
-  // One (b, h) head per index: heads write disjoint slices of dq, dk and dv,
-  // and within a head the order of every sum is the serial one.
-  parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
+  // One (b, hk) key/value head per index: it owns dk and dv of head hk and dq
+  // of its G query heads, all disjoint slices; within it the order of every
+  // sum is the serial one, query heads in order.
+  parallel_for(0, B * Hkv, 1, [&](int64_t lo, int64_t hi) {
     std::vector<A> q, k, kt, v, vt, o, dO, dq(TD), dk(TD), dv(TD), lse(static_cast<size_t>(T_));
     std::vector<A> s(static_cast<size_t>(T_)), dp(static_cast<size_t>(T_));
-    for (int64_t bh = lo; bh < hi; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      load_head(static_cast<const T*>(a.q), a.sq, b, h, T_, D, q);
-      load_head(static_cast<const T*>(a.k), a.sk, b, h, T_, D, k);
-      load_head(static_cast<const T*>(a.v), a.sv, b, h, T_, D, v);
-      load_head(static_cast<const T*>(a.o), a.so, b, h, T_, D, o);
-      load_head(static_cast<const T*>(a.dout), a.sdo, b, h, T_, D, dO);
+    for (int64_t bhk = lo; bhk < hi; ++bhk) {
+      const int64_t b = bhk / Hkv, hk = bhk % Hkv;
+      load_head(static_cast<const T*>(a.k), a.sk, b, hk, T_, D, k);
+      load_head(static_cast<const T*>(a.v), a.sv, b, hk, T_, D, v);
       transpose(k, T_, D, kt);
       transpose(v, T_, D, vt);
-      std::fill(dq.begin(), dq.end(), A(0));
       std::fill(dk.begin(), dk.end(), A(0));
       std::fill(dv.begin(), dv.end(), A(0));
-      for (int64_t i = 0; i < T_; ++i) {
-        if constexpr (std::is_same_v<A, double>) {  // recompute lse exactly
-          dots(q.data() + i * D, kt.data(), T_, D, i + 1, s.data());
-          A mx = -std::numeric_limits<A>::infinity(), sum = 0;
-          for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, scale * s[j]);
-          for (int64_t j = 0; j <= i; ++j) sum += std::exp(scale * s[j] - mx);
-          lse[i] = mx + std::log(sum);
-        } else {
-          lse[i] = a.lse[bh * T_ + i];
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        const int64_t bh = b * H + h;
+        load_head(static_cast<const T*>(a.q), a.sq, b, h, T_, D, q);
+        load_head(static_cast<const T*>(a.o), a.so, b, h, T_, D, o);
+        load_head(static_cast<const T*>(a.dout), a.sdo, b, h, T_, D, dO);
+        std::fill(dq.begin(), dq.end(), A(0));
+        for (int64_t i = 0; i < T_; ++i) {
+          if constexpr (std::is_same_v<A, double>) {  // recompute lse exactly
+            dots(q.data() + i * D, kt.data(), T_, D, i + 1, s.data());
+            A mx = -std::numeric_limits<A>::infinity(), sum = 0;
+            for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, scale * s[j]);
+            for (int64_t j = 0; j <= i; ++j) sum += std::exp(scale * s[j] - mx);
+            lse[i] = mx + std::log(sum);
+          } else {
+            lse[i] = a.lse[bh * T_ + i];
+          }
         }
+        if constexpr (std::is_same_v<A, float>)
+          backward_head_f32(q.data(), k.data(), kt.data(), vt.data(), o.data(), dO.data(), lse.data(), T_, D,
+                            scale, dq.data(), dk.data(), dv.data(), s.data(), dp.data());
+        else
+          backward_head<A>(q.data(), k.data(), kt.data(), vt.data(), o.data(), dO.data(), lse.data(), T_, D,
+                           scale, dq.data(), dk.data(), dv.data(), s.data(), dp.data());
+        store_head(static_cast<T*>(a.dq), a.sdq, b, h, T_, D, dq);
       }
-      if constexpr (std::is_same_v<A, float>)
-        backward_head_f32(q.data(), k.data(), kt.data(), vt.data(), o.data(), dO.data(), lse.data(), T_, D,
-                          scale, dq.data(), dk.data(), dv.data(), s.data(), dp.data());
-      else
-        backward_head<A>(q.data(), k.data(), kt.data(), vt.data(), o.data(), dO.data(), lse.data(), T_, D,
-                         scale, dq.data(), dk.data(), dv.data(), s.data(), dp.data());
-      store_head(static_cast<T*>(a.dq), a.sdq, b, h, T_, D, dq);
-      store_head(static_cast<T*>(a.dk), a.sdk, b, h, T_, D, dk);
-      store_head(static_cast<T*>(a.dv), a.sdv, b, h, T_, D, dv);
+      store_head(static_cast<T*>(a.dk), a.sdk, b, hk, T_, D, dk);
+      store_head(static_cast<T*>(a.dv), a.sdv, b, hk, T_, D, dv);
     }
   });
-}
-
-void check_shape(const char* kernel, const AttnShape& s) {
-  BT_CHECK(s.B >= 0 && s.H >= 0 && s.T >= 0 && s.D >= 0, kernel, ": negative shape [B=", s.B, ", H=", s.H,
-           ", T=", s.T, ", D=", s.D, "]");
 }
 
 }  // namespace
 
 void attention_forward(const AttnForward& a) {
-  check_shape("attention_forward", a.shape);
+  check_attn_shape(a.shape, "attention_forward");
   detail::dispatch_float(a.dt, "attention_forward",
                          [&]<class T>(std::type_identity<T>) { forward_impl<T>(a); });
 }
 
 void attention_backward(const AttnBackward& a) {
-  check_shape("attention_backward", a.shape);
+  check_attn_shape(a.shape, "attention_backward");
   const bool empty = a.shape.B * a.shape.H * a.shape.T == 0;
   BT_CHECK(empty || a.dt == DType::F64 || a.lse != nullptr,
            "attention_backward: lse from the forward is required");

@@ -20,9 +20,11 @@
 // online softmax in registers; writes O and lse = m + log(l).
 // Backward (deterministic, every output written once):
 //   1. Di = rowsum(dO * O)                       -> scratch [B, H, T]
-//   2. per (b, h, key tile):   dK, dV over the query tiles that see the keys
+//   2. per (b, hk, key tile):  dK, dV over the group's query heads in order,
+//                              each over the query tiles that see the keys
 //   3. per (b, h, query tile): dQ over the key tiles the queries see
-// with P recomputed as exp(scale q.k - lse).
+// with P recomputed as exp(scale q.k - lse). Query head h reads key/value head
+// hk = h / G (Note [Grouped-query attention] in kernels/attention.h).
 #include <climits>
 #include <type_traits>
 
@@ -41,7 +43,10 @@ constexpr int kPerLane = 16;
 
 struct Geo {
   int64_t B, H, T, D;
+  int64_t Hkv, G;  // key/value heads, query heads per key/value head
 };
+
+Geo geo_of(const AttnShape& s) { return {s.B, s.H, s.T, s.D, s.kv_heads(), s.group()}; }
 
 __device__ __forceinline__ int64_t off(const AttnStrides& s, int64_t b, int64_t h, int64_t t) {
   return b * s.b + h * s.h + t * s.t;
@@ -121,8 +126,8 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(AttnForward a, Geo g
   const int64_t kend = q0 + BR < g.T ? q0 + BR : g.T;  // keys >= kend are masked for the whole tile
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads();
-    load_tile<T, DP>(ks, static_cast<const T*>(a.k), a.sk, b, h, k0, g);
-    load_tile<T, DP>(vs, static_cast<const T*>(a.v), a.sv, b, h, k0, g);
+    load_tile<T, DP>(ks, static_cast<const T*>(a.k), a.sk, b, h / g.G, k0, g);
+    load_tile<T, DP>(vs, static_cast<const T*>(a.v), a.sv, b, h / g.G, k0, g);
     __syncthreads();
     float s[kTile];
     float mt = -INFINITY;
@@ -180,55 +185,59 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float qs[kTile][DP];
   __shared__ float dos[kTile][DP];
   __shared__ float lse_s[kTile], di_s[kTile];
-  int64_t bh, tile;
-  block_coords(g.B * g.H, tiles, false, bh, tile);
-  const int64_t b = bh / g.H, h = bh % g.H;
+  int64_t bhk, tile;
+  block_coords(g.B * g.Hkv, tiles, false, bhk, tile);
+  const int64_t b = bhk / g.Hkv, hk = bhk % g.Hkv;
   const int row = threadIdx.x / TPR, part = threadIdx.x % TPR;
   const int64_t k0 = tile * BR, kj = k0 + row;
   float k[kPerLane], v[kPerLane], dk[kPerLane], dv[kPerLane];
-  load_row<T, TPR>(static_cast<const T*>(a.k), a.sk, b, h, kj, g, part, k);
-  load_row<T, TPR>(static_cast<const T*>(a.v), a.sv, b, h, kj, g, part, v);
+  load_row<T, TPR>(static_cast<const T*>(a.k), a.sk, b, hk, kj, g, part, k);
+  load_row<T, TPR>(static_cast<const T*>(a.v), a.sv, b, hk, kj, g, part, v);
 #pragma unroll
   for (int c = 0; c < kPerLane; ++c) {
     k[c] *= a.scale;
     dk[c] = dv[c] = 0.0f;
   }
-  const float* lse = a.lse + bh * g.T;
-  const float* dib = di + bh * g.T;
-  // Queries before k0 see none of these keys.
-  for (int64_t q0 = k0; q0 < g.T; q0 += kTile) {
-    __syncthreads();
-    load_tile<T, DP>(qs, static_cast<const T*>(a.q), a.sq, b, h, q0, g);
-    load_tile<T, DP>(dos, static_cast<const T*>(a.dout), a.sdo, b, h, q0, g);
-    if (threadIdx.x < kTile) {
-      const int64_t t = q0 + threadIdx.x;
-      lse_s[threadIdx.x] = t < g.T ? lse[t] : 0.0f;
-      di_s[threadIdx.x] = t < g.T ? dib[t] : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int i = 0; i < kTile; ++i) {
-      const int64_t qi = q0 + i;
-      float ps = 0.0f, pd = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kPerLane; ++c) {
-        ps += qs[i][part + TPR * c] * k[c];
-        pd += dos[i][part + TPR * c] * v[c];
+  // The group's query heads in order, summed into the same registers.
+  for (int64_t h = hk * g.G; h < (hk + 1) * g.G; ++h) {
+    const int64_t bh = b * g.H + h;
+    const float* lse = a.lse + bh * g.T;
+    const float* dib = di + bh * g.T;
+    // Queries before k0 see none of these keys.
+    for (int64_t q0 = k0; q0 < g.T; q0 += kTile) {
+      __syncthreads();
+      load_tile<T, DP>(qs, static_cast<const T*>(a.q), a.sq, b, h, q0, g);
+      load_tile<T, DP>(dos, static_cast<const T*>(a.dout), a.sdo, b, h, q0, g);
+      if (threadIdx.x < kTile) {
+        const int64_t t = q0 + threadIdx.x;
+        lse_s[threadIdx.x] = t < g.T ? lse[t] : 0.0f;
+        di_s[threadIdx.x] = t < g.T ? dib[t] : 0.0f;
       }
-      const float sc = group_sum<TPR>(ps);
-      const float dp = group_sum<TPR>(pd);
-      const bool valid = qi >= kj && qi < g.T && kj < g.T;
-      const float p = valid ? expf(sc - lse_s[i]) : 0.0f;
-      const float ds = p * (dp - di_s[i]);
+      __syncthreads();
+#pragma unroll 4
+      for (int i = 0; i < kTile; ++i) {
+        const int64_t qi = q0 + i;
+        float ps = 0.0f, pd = 0.0f;
 #pragma unroll
-      for (int c = 0; c < kPerLane; ++c) {
-        dv[c] += p * dos[i][part + TPR * c];
-        dk[c] += ds * qs[i][part + TPR * c];
+        for (int c = 0; c < kPerLane; ++c) {
+          ps += qs[i][part + TPR * c] * k[c];
+          pd += dos[i][part + TPR * c] * v[c];
+        }
+        const float sc = group_sum<TPR>(ps);
+        const float dp = group_sum<TPR>(pd);
+        const bool valid = qi >= kj && qi < g.T && kj < g.T;
+        const float p = valid ? expf(sc - lse_s[i]) : 0.0f;
+        const float ds = p * (dp - di_s[i]);
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) {
+          dv[c] += p * dos[i][part + TPR * c];
+          dk[c] += ds * qs[i][part + TPR * c];
+        }
       }
     }
   }
-  store_row<T, TPR>(static_cast<T*>(a.dk), a.sdk, b, h, kj, g, part, dk, a.scale);
-  store_row<T, TPR>(static_cast<T*>(a.dv), a.sdv, b, h, kj, g, part, dv, 1.0f);
+  store_row<T, TPR>(static_cast<T*>(a.dk), a.sdk, b, hk, kj, g, part, dk, a.scale);
+  store_row<T, TPR>(static_cast<T*>(a.dv), a.sdv, b, hk, kj, g, part, dv, 1.0f);
 }
 
 template <typename T, int DP>
@@ -256,8 +265,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t kend = q0 + BR < g.T ? q0 + BR : g.T;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads();
-    load_tile<T, DP>(ks, static_cast<const T*>(a.k), a.sk, b, h, k0, g);
-    load_tile<T, DP>(vs, static_cast<const T*>(a.v), a.sv, b, h, k0, g);
+    load_tile<T, DP>(ks, static_cast<const T*>(a.k), a.sk, b, h / g.G, k0, g);
+    load_tile<T, DP>(vs, static_cast<const T*>(a.v), a.sv, b, h / g.G, k0, g);
     __syncthreads();
 #pragma unroll 4
     for (int j = 0; j < kTile; ++j) {
@@ -307,15 +316,15 @@ void with_dp(int dp, F&& f) {
 }
 
 void check_shape(const AttnShape& s, const char* what) {
-  BT_CHECK(s.B >= 0 && s.H >= 0 && s.T >= 0 && s.D >= 0, "cuda ", what, ": negative shape (B ", s.B, ", H ",
-           s.H, ", T ", s.T, ", D ", s.D, ")");
+  check_attn_shape(s, what);
   BT_CHECK(s.D <= 128, "cuda ", what, ": head dim D = ", s.D,
            " is not supported on CUDA (D must be 1..128; 16, 32, 64 and 128 are the tuned sizes)");
 }
 
-unsigned grid_for(const Geo& g, int64_t tiles, const char* what) {
-  const int64_t blocks = g.B * g.H * tiles;
-  BT_CHECK(blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", g.B * g.H, ", tiles ", tiles, ")");
+/// One block per (b, head, tile) of `heads` heads.
+unsigned grid_for(const Geo& g, int64_t heads, int64_t tiles, const char* what) {
+  const int64_t blocks = g.B * heads * tiles;
+  BT_CHECK(blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", g.B * heads, ", tiles ", tiles, ")");
   return static_cast<unsigned>(blocks);
 }
 
@@ -325,7 +334,7 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
   check_shape(a.shape, "attention_forward");
   dispatch_float(a.dt, "attention_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const Geo g{a.shape.B, a.shape.H, a.shape.T, a.shape.D};
+    const Geo g = geo_of(a.shape);
     if (g.B * g.H * g.T == 0) return;
     BT_CHECK(a.q && a.k && a.v && a.o, "cuda attention_forward: null q, k, v or o");
     BT_CHECK(g.D >= 1, "cuda attention_forward: head dim D must be at least 1");
@@ -343,7 +352,8 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
       constexpr int DP = decltype(dpc)::value;
       constexpr int BR = kThreads / (DP / kPerLane);
       const int64_t tiles = ceil_div(g.T, BR);
-      attn_fwd_kernel<T, DP><<<grid_for(g, tiles, "attention_forward"), kThreads, 0, stream>>>(a, g, tiles);
+      attn_fwd_kernel<T, DP>
+          <<<grid_for(g, g.H, tiles, "attention_forward"), kThreads, 0, stream>>>(a, g, tiles);
       BT_KERNEL_CHECK();
     });
   });
@@ -358,7 +368,7 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
   check_shape(a.shape, "attention_backward");
   dispatch_float(a.dt, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const Geo g{a.shape.B, a.shape.H, a.shape.T, a.shape.D};
+    const Geo g = geo_of(a.shape);
     if (g.B * g.H * g.T == 0) return;
     BT_CHECK(g.D >= 1, "cuda attention_backward: head dim D must be at least 1");
     BT_CHECK(a.q && a.k && a.v && a.o && a.dout && a.lse && a.dq && a.dk && a.dv,
@@ -384,10 +394,11 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
       constexpr int DP = decltype(dpc)::value;
       constexpr int BR = kThreads / (DP / kPerLane);
       const int64_t tiles = ceil_div(g.T, BR);
-      const unsigned blocks = grid_for(g, tiles, "attention_backward");
-      attn_bwd_dkdv_kernel<T, DP><<<blocks, kThreads, 0, stream>>>(a, g, tiles, scratch);
+      attn_bwd_dkdv_kernel<T, DP>
+          <<<grid_for(g, g.Hkv, tiles, "attention_backward"), kThreads, 0, stream>>>(a, g, tiles, scratch);
       BT_KERNEL_CHECK();
-      attn_bwd_dq_kernel<T, DP><<<blocks, kThreads, 0, stream>>>(a, g, tiles, scratch);
+      attn_bwd_dq_kernel<T, DP>
+          <<<grid_for(g, g.H, tiles, "attention_backward"), kThreads, 0, stream>>>(a, g, tiles, scratch);
       BT_KERNEL_CHECK();
     });
   });

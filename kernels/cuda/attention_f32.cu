@@ -47,7 +47,9 @@
 //   dQ pass, per (b, h, 64 queries): Di = rowsum(dO * O) of its rows (written
 //   to the scratch for the next pass), then per key tile: dP = dO V^T,
 //   S = Q' K^T, dS = P (dP - Di) to shared memory, dQ += dS K. dQ *= scale.
-//   dK/dV pass, per (b, h, 64 keys), query tiles from the diagonal: S^T = K' Q^T,
+//   dK/dV pass, per (b, hk, 64 keys), query tiles from the diagonal, for each
+//   query head of the key/value head's group in turn (Note [Grouped-query
+//   attention] in kernels/attention.h; h reads K/V head h / G): S^T = K' Q^T,
 //   dP^T = V dO^T, P^T and dS^T = P^T (dP^T - Di) to shared memory,
 //   dK += dS^T Q, dV += P^T dO. dK *= scale.
 #include <climits>
@@ -238,8 +240,8 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_fwd_f32_kernel(const F
   const int64_t q0 = tile * BM;
   const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
   const float* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const float* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const float* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const float* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
+  const float* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
 
   const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
   const int nkt = static_cast<int>((kend + BN - 1) / BN);
@@ -348,8 +350,8 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dq_f32_kernel(cons
   const int64_t q0 = tile * BM;
   const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
   const float* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const float* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const float* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const float* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
+  const float* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
   const float* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
   const float* og = p.o + b * p.so.b + h * p.so.h;
 
@@ -455,19 +457,25 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(co
   float* lse_s = dsts + BM * LP;  // [BN]
   float* di_s = lse_s + BN;       // [BN]
 
-  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
-  const int64_t bh = bid % bh_count, tile = bid / bh_count;  // first key tiles see the most queries
-  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  const int64_t bhk_count = p.B * p.Hkv, bid = blockIdx.x;
+  const int64_t bhk = bid % bhk_count, tile = bid / bhk_count;  // first key tiles see the most queries
+  const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv, T = p.T;
   const int64_t k0 = tile * BM;
   const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
-  const float* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const float* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const float* vg = p.v + b * p.sv.b + h * p.sv.h;
-  const float* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
-  const float* lse_g = p.lse + bh * T;
-  const float* di_g = p.di + bh * T;
+  const float* kg = p.k + b * p.sk.b + hk * p.sk.h;
+  const float* vg = p.v + b * p.sv.b + hk * p.sv.h;
 
-  const int64_t qt0 = k0 / BN, nqt = (T + BN - 1) / BN;  // query tiles before qt0 see none of the keys
+  // The loops walk the query tiles qt0 .. nqt - 1 of each query head of the
+  // group in order (Note [Grouped-query attention]): dK and dV sum over them
+  // in the same registers. Query tiles before qt0 see none of the keys.
+  // qg, dog, lse_g, di_g point at the head of the next tile to load.
+  const int64_t h0 = hk * p.G, bh0 = b * p.H + h0;
+  const float* qg = p.q + b * p.sq.b + h0 * p.sq.h;
+  const float* dog = p.dout + b * p.sdo.b + h0 * p.sdo.h;
+  const float* lse_g = p.lse + bh0 * T;
+  const float* di_g = p.di + bh0 * T;
+
+  const int64_t qt0 = k0 / BN, nqt = (T + BN - 1) / BN;
   load_rows<D, LD, BM, NT>(ks, kg, p.sk.t, k0, T);
   load_rows<D, LD, BM, NT>(vs, vg, p.sv.t, k0, T);
   cp_async_commit();
@@ -492,51 +500,59 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(co
   const float* qn = qs + cg * DC;
   const float* don = dos + cg * DC;
 
-  for (int64_t qt = qt0; qt < nqt; ++qt) {
-    const int64_t qq0 = qt * BN;
-    cp_async_wait<1>();  // in flight here: Q(qt) (+ lse, Di), dO(qt); wait for Q(qt)
-    __syncthreads();     // Q(qt), lse, Di visible (and K, V on the first tile)
-    float st[RM][RN];
-    zero(st);
-    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(st, ka, qb);
-    cp_async_wait<0>();  // dO(qt)
-    __syncthreads();
-    float dpt[RM][RN];
-    zero(dpt);
-    mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(dpt, va, dob);
-    const bool need_mask = qq0 < k0 + BM - 1 || qq0 + BN > T;
+  for (int64_t gh = 0; gh < p.G; ++gh)
+    for (int64_t qt = qt0; qt < nqt; ++qt) {
+      const int64_t qq0 = qt * BN;
+      // The next tile: qt + 1 of this head, or the next head's first (r1).
+      const bool more = qt + 1 < nqt || gh + 1 < p.G, next_head = qt + 1 == nqt;
+      const int64_t r1 = next_head ? qt0 * BN : qq0 + BN;
+      cp_async_wait<1>();  // in flight here: Q(qt) (+ lse, Di), dO(qt); wait for Q(qt)
+      __syncthreads();     // Q(qt), lse, Di visible (and K, V on the first tile)
+      float st[RM][RN];
+      zero(st);
+      mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(st, ka, qb);
+      cp_async_wait<0>();  // dO(qt)
+      __syncthreads();
+      float dpt[RM][RN];
+      zero(dpt);
+      mm_nt<RM, RN, D, NRG, LD, LD, C::KU>(dpt, va, dob);
+      const bool need_mask = qq0 < k0 + BM - 1 || qq0 + BN > T;
 #pragma unroll
-    for (int j = 0; j < RN; ++j) {
-      const float lse2 = lse_s[cg + 16 * j] * kLog2e, dij = di_s[cg + 16 * j];
-      const int64_t qi = qq0 + cg + 16 * j;
+      for (int j = 0; j < RN; ++j) {
+        const float lse2 = lse_s[cg + 16 * j] * kLog2e, dij = di_s[cg + 16 * j];
+        const int64_t qi = qq0 + cg + 16 * j;
 #pragma unroll
-      for (int i = 0; i < RM; ++i) {
-        float pv = ex2(st[i][j] - lse2);
-        if (need_mask) {
-          const int64_t key = k0 + rg + NRG * i;
-          if (qi < key || qi >= T) pv = 0.0f;
+        for (int i = 0; i < RM; ++i) {
+          float pv = ex2(st[i][j] - lse2);
+          if (need_mask) {
+            const int64_t key = k0 + rg + NRG * i;
+            if (qi < key || qi >= T) pv = 0.0f;
+          }
+          ptr[i * NRG * LP + cg + 16 * j] = pv;
+          dstr[i * NRG * LP + cg + 16 * j] = pv * (dpt[i][j] - dij);
         }
-        ptr[i * NRG * LP + cg + 16 * j] = pv;
-        dstr[i * NRG * LP + cg + 16 * j] = pv * (dpt[i][j] - dij);
       }
+      __syncwarp();  // P^T, dS^T rows of this row group are read back by the same warp only
+      mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dk, dstr, qn);
+      __syncthreads();  // every warp is done with Q(qt), lse, Di
+      if (more) {
+        if (next_head) qg += p.sq.h, lse_g += T, di_g += T;
+        load_rows<D, LD, BN, NT>(qs, qg, p.sq.t, r1, T);
+        load_floats<BN, NT>(lse_s, lse_g, r1, T);
+        load_floats<BN, NT>(di_s, di_g, r1, T);
+      }
+      cp_async_commit();
+      mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dv, ptr, don);
+      __syncthreads();  // every warp is done with dO(qt)
+      if (more) {
+        if (next_head) dog += p.sdo.h;
+        load_rows<D, LD, BN, NT>(dos, dog, p.sdo.t, r1, T);
+      }
+      cp_async_commit();
     }
-    __syncwarp();  // P^T, dS^T rows of this row group are read back by the same warp only
-    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dk, dstr, qn);
-    __syncthreads();  // every warp is done with Q(qt), lse, Di
-    if (qt + 1 < nqt) {
-      load_rows<D, LD, BN, NT>(qs, qg, p.sq.t, qq0 + BN, T);
-      load_floats<BN, NT>(lse_s, lse_g, qq0 + BN, T);
-      load_floats<BN, NT>(di_s, di_g, qq0 + BN, T);
-    }
-    cp_async_commit();
-    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dv, ptr, don);
-    __syncthreads();  // every warp is done with dO(qt)
-    if (qt + 1 < nqt) load_rows<D, LD, BN, NT>(dos, dog, p.sdo.t, qq0 + BN, T);
-    cp_async_commit();
-  }
 
-  float* dkg = p.dk + b * p.sdk.b + h * p.sdk.h;
-  float* dvg = p.dv + b * p.sdv.b + h * p.sdv.h;
+  float* dkg = p.dk + b * p.sdk.b + hk * p.sdk.h;
+  float* dvg = p.dv + b * p.sdv.b + hk * p.sdv.h;
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
     const int64_t key = k0 + rg + NRG * i;
@@ -554,8 +570,8 @@ void launch_fwd(const AttnForward& a, cudaStream_t stream) {
   p.tiles = ceil_div(p.T, C::BM);
   // Q, K, V, P (the kernel's shared-memory layout)
   constexpr size_t smem = sizeof(float) * (C::BM * C::LD + 2 * C::BN * C::LD + C::BM * C::LP);
-  launch(attn_fwd_f32_kernel<C, MINB>, blocks_for(a.shape, p.tiles, "attention_forward"), C::kThreads, smem,
-         stream, p);
+  launch(attn_fwd_f32_kernel<C, MINB>, blocks_for(a.shape, a.shape.H, p.tiles, "attention_forward"),
+         C::kThreads, smem, stream, p);
 }
 
 template <class C, int MINB>
@@ -563,8 +579,8 @@ void launch_dq(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
   p.tiles = ceil_div(p.T, C::BM);
   // Q, dO, K, V, dS, lse, Di
   constexpr size_t smem = sizeof(float) * (2 * C::BM * C::LD + 2 * C::BN * C::LD + C::BM * C::LP + 2 * C::BM);
-  launch(attn_bwd_dq_f32_kernel<C, MINB>, blocks_for(s, p.tiles, "attention_backward"), C::kThreads, smem,
-         stream, p);
+  launch(attn_bwd_dq_f32_kernel<C, MINB>, blocks_for(s, s.H, p.tiles, "attention_backward"), C::kThreads,
+         smem, stream, p);
 }
 
 template <class C, int MINB>
@@ -573,8 +589,8 @@ void launch_dkdv(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
   // K, V, Q, dO, P^T, dS^T, lse, Di
   constexpr size_t smem =
       sizeof(float) * (2 * C::BM * C::LD + 2 * C::BN * C::LD + 2 * C::BM * C::LP + 2 * C::BN);
-  launch(attn_bwd_dkdv_f32_kernel<C, MINB>, blocks_for(s, p.tiles, "attention_backward"), C::kThreads, smem,
-         stream, p);
+  launch(attn_bwd_dkdv_f32_kernel<C, MINB>, blocks_for(s, p.Hkv, p.tiles, "attention_backward"), C::kThreads,
+         smem, stream, p);
 }
 
 // Configurations <D, RM, RN, NW, KU> and resident blocks per SM, picked by

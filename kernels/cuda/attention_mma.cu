@@ -36,8 +36,10 @@
 //     S = Q K^T, dP = dO V^T (A = Q / dO from registers, B = K / V tiles, plain
 //     ldmatrix), dS = P (dP - Di), dQ += dS K (A = dS from the accumulators,
 //     B = K tile through .trans)
-//   dK/dV pass, one block per BN = 16 * NW keys, warp = 16 keys; it walks the
-//   query tiles (BM rows; Q, dO, lse, Di double-buffered) from the diagonal on:
+//   dK/dV pass, one block per BN = 16 * NW keys of a key/value head, warp =
+//   16 keys; it walks the query tiles (BM rows; Q, dO, lse, Di double-buffered)
+//   from the diagonal on, for each query head of the head's group in turn
+//   (Note [Grouped-query attention]: query head h reads K/V head h / G):
 //     S^T  = K Q^T    A = K (regs), B = Q tile (plain ldmatrix)
 //     dP^T = V dO^T   A = V (regs), B = dO tile (plain ldmatrix)
 //     P^T, dS^T = P^T (dP^T - Di)
@@ -203,8 +205,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
   const int64_t q0 = tile * BM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const bf16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const bf16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const bf16_t* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
+  const bf16_t* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
 
   const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
   const int nkt = static_cast<int>((kend + BN - 1) / BN);
@@ -356,7 +358,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
 }
 
 // ------------------------------------------------------------------ backward: dK, dV
-template <int D, int NW, int BM, int MINB>
+template <int D, int NW, int BM, int MINB, bool GQA>
 __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const MmaBwd p) {
   constexpr int kThreads = NW * 32, BN = 16 * NW, KS = D / 16, NQ = BM / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -367,19 +369,27 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
   float* lse_s = reinterpret_cast<float*>(dos + 2 * BM * D);  // [2][BM]
   float* di_s = lse_s + 2 * BM;                               // [2][BM]
 
-  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
-  const int64_t bh = bid % bh_count, tile = bid / bh_count;  // first key tiles see the most queries
-  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
+  // Without GQA (G = 1, Hkv = H), constants: the loop below runs one query head.
+  const int64_t G = GQA ? p.G : 1, Hkv = GQA ? p.Hkv : p.H;
+  const int64_t bhk_count = p.B * Hkv, bid = blockIdx.x;
+  const int64_t bhk = bid % bhk_count, tile = bid / bhk_count;  // first key tiles see the most queries
+  const int64_t b = bhk / Hkv, hk = bhk % Hkv, T = p.T;
   const int64_t k0 = tile * BN;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const bf16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const bf16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
-  const bf16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
-  const float* lse_g = p.lse + bh * T;
-  const float* di_g = p.di + bh * T;
+  const bf16_t* kg = p.k + b * p.sk.b + hk * p.sk.h;
+  const bf16_t* vg = p.v + b * p.sv.b + hk * p.sv.h;
 
-  const int64_t qt0 = k0 / BM, nqt = (T + BM - 1) / BM;  // query tiles before qt0 see none of the keys
+  // The loop walks the query tiles qt0 .. nqt - 1 of each query head of the
+  // group in order (Note [Grouped-query attention]): dK and dV sum over them
+  // in the same registers. Query tiles before qt0 see none of the keys.
+  // qg, dog, lse_g, di_g point at the head of the next tile to load.
+  const int64_t h0 = hk * G, bh0 = b * p.H + h0;
+  const bf16_t* qg = p.q + b * p.sq.b + h0 * p.sq.h;
+  const bf16_t* dog = p.dout + b * p.sdo.b + h0 * p.sdo.h;
+  const float* lse_g = p.lse + bh0 * T;
+  const float* di_g = p.di + bh0 * T;
+
+  const int64_t qt0 = k0 / BM, nqt = (T + BM - 1) / BM;
   load_tile<D, BN, kThreads>(ks, kg, p.sk.t, k0, T);
   load_tile<D, BN, kThreads>(vs, vg, p.sv.t, k0, T);
   load_tile<D, BM, kThreads>(qs, qg, p.sq.t, qt0 * BM, T);
@@ -397,99 +407,103 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
 
-  for (int64_t qt = qt0; qt < nqt; ++qt) {
-    const int buf = static_cast<int>((qt - qt0) & 1);
-    if (qt + 1 < nqt) {
-      const int nb = buf ^ 1;
-      const int64_t r1 = (qt + 1) * BM;
-      load_tile<D, BM, kThreads>(qs + nb * BM * D, qg, p.sq.t, r1, T);
-      load_tile<D, BM, kThreads>(dos + nb * BM * D, dog, p.sdo.t, r1, T);
-      load_vec<BM, kThreads>(lse_s + nb * BM, lse_g, r1, T);
-      load_vec<BM, kThreads>(di_s + nb * BM, di_g, r1, T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    if (qt == qt0) {
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        load_a<D>(kf[kk], ks, wrow, kk, lane);
-        load_a<D>(vf[kk], vs, wrow, kk, lane);
+  // Without GQA, G = 1 is a constant and the head loop folds away.
+  for (int64_t gh = 0; gh < G; ++gh)
+    for (int64_t qt = qt0; qt < nqt; ++qt) {
+      const int buf = static_cast<int>((gh * (nqt - qt0) + qt - qt0) & 1);
+      if (qt + 1 < nqt || gh + 1 < G) {
+        const int nb = buf ^ 1;
+        const bool next_head = qt + 1 == nqt;  // the next tile is the next head's first
+        if (next_head) qg += p.sq.h, dog += p.sdo.h, lse_g += T, di_g += T;
+        const int64_t r1 = (next_head ? qt0 : qt + 1) * BM;
+        load_tile<D, BM, kThreads>(qs + nb * BM * D, qg, p.sq.t, r1, T);
+        load_tile<D, BM, kThreads>(dos + nb * BM * D, dog, p.sdo.t, r1, T);
+        load_vec<BM, kThreads>(lse_s + nb * BM, lse_g, r1, T);
+        load_vec<BM, kThreads>(di_s + nb * BM, di_g, r1, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
-    }
-    const bf16_t* qb = qs + buf * BM * D;
-    const bf16_t* dob = dos + buf * BM * D;
-    const float* lb = lse_s + buf * BM;
-    const float* db = di_s + buf * BM;
-    const int64_t qq0 = qt * BM;
-    if (qq0 + BM - 1 >= wk0 && wk0 < T) {  // warp-uniform: some query of the tile sees some key
-      float st[NQ][4], dpt[NQ][4];
+      __syncthreads();
+      if (gh == 0 && qt == qt0) {
 #pragma unroll
-      for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-        for (int np = 0; np < NQ / 2; ++np) {
-          uint32_t bf[4];
-          load_b_nmajor<D>(bf, qb, np * 16, kk, lane);
-          mma_bf16_16816(st[2 * np], kf[kk], bf[0], bf[1]);
-          mma_bf16_16816(st[2 * np + 1], kf[kk], bf[2], bf[3]);
-          load_b_nmajor<D>(bf, dob, np * 16, kk, lane);
-          mma_bf16_16816(dpt[2 * np], vf[kk], bf[0], bf[1]);
-          mma_bf16_16816(dpt[2 * np + 1], vf[kk], bf[2], bf[3]);
+        for (int kk = 0; kk < KS; ++kk) {
+          load_a<D>(kf[kk], ks, wrow, kk, lane);
+          load_a<D>(vf[kk], vs, wrow, kk, lane);
         }
-      const bool need_mask = qq0 < wk0 + 15 || qq0 + BM > T;
+      }
+      const bf16_t* qb = qs + buf * BM * D;
+      const bf16_t* dob = dos + buf * BM * D;
+      const float* lb = lse_s + buf * BM;
+      const float* db = di_s + buf * BM;
+      const int64_t qq0 = qt * BM;
+      if (qq0 + BM - 1 >= wk0 && wk0 < T) {  // warp-uniform: some query of the tile sees some key
+        float st[NQ][4], dpt[NQ][4];
 #pragma unroll
-      for (int nt = 0; nt < NQ; ++nt) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lb + nt * 8 + 2 * tq);
-        const float2 d2 = *reinterpret_cast<const float2*>(db + nt * 8 + 2 * tq);
+        for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int ql = nt * 8 + 2 * tq + j;
-          const float lq = (j ? l2.y : l2.x) * kLog2e, dq = j ? d2.y : d2.x;
+          for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int e = 2 * hf + j;
-            float pv = fast_exp2(fmaf(st[nt][e], p.scale_log2, -lq));
-            if (need_mask) {
-              const int64_t key = wk0 + g + 8 * hf, qi = qq0 + ql;
-              if (qi < key || qi >= T) pv = 0.0f;
+        for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+          for (int np = 0; np < NQ / 2; ++np) {
+            uint32_t bf[4];
+            load_b_nmajor<D>(bf, qb, np * 16, kk, lane);
+            mma_bf16_16816(st[2 * np], kf[kk], bf[0], bf[1]);
+            mma_bf16_16816(st[2 * np + 1], kf[kk], bf[2], bf[3]);
+            load_b_nmajor<D>(bf, dob, np * 16, kk, lane);
+            mma_bf16_16816(dpt[2 * np], vf[kk], bf[0], bf[1]);
+            mma_bf16_16816(dpt[2 * np + 1], vf[kk], bf[2], bf[3]);
+          }
+        const bool need_mask = qq0 < wk0 + 15 || qq0 + BM > T;
+#pragma unroll
+        for (int nt = 0; nt < NQ; ++nt) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lb + nt * 8 + 2 * tq);
+          const float2 d2 = *reinterpret_cast<const float2*>(db + nt * 8 + 2 * tq);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int ql = nt * 8 + 2 * tq + j;
+            const float lq = (j ? l2.y : l2.x) * kLog2e, dq = j ? d2.y : d2.x;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int e = 2 * hf + j;
+              float pv = fast_exp2(fmaf(st[nt][e], p.scale_log2, -lq));
+              if (need_mask) {
+                const int64_t key = wk0 + g + 8 * hf, qi = qq0 + ql;
+                if (qi < key || qi >= T) pv = 0.0f;
+              }
+              st[nt][e] = pv;
+              dpt[nt][e] = pv * (dpt[nt][e] - dq);
             }
-            st[nt][e] = pv;
-            dpt[nt][e] = pv * (dpt[nt][e] - dq);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < NQ / 2; ++kk) {
+          uint32_t pa[4], da[4];
+          acc_to_a(pa, st[2 * kk], st[2 * kk + 1]);
+          acc_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+          for (int dp = 0; dp < DT / 2; ++dp) {
+            uint32_t bf[4];
+            load_b_kmajor<D>(bf, dob, kk * 16, dp * 16, lane);
+            mma_bf16_16816(dv[2 * dp], pa, bf[0], bf[1]);
+            mma_bf16_16816(dv[2 * dp + 1], pa, bf[2], bf[3]);
+            load_b_kmajor<D>(bf, qb, kk * 16, dp * 16, lane);
+            mma_bf16_16816(dk[2 * dp], da, bf[0], bf[1]);
+            mma_bf16_16816(dk[2 * dp + 1], da, bf[2], bf[3]);
           }
         }
       }
-#pragma unroll
-      for (int kk = 0; kk < NQ / 2; ++kk) {
-        uint32_t pa[4], da[4];
-        acc_to_a(pa, st[2 * kk], st[2 * kk + 1]);
-        acc_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          uint32_t bf[4];
-          load_b_kmajor<D>(bf, dob, kk * 16, dp * 16, lane);
-          mma_bf16_16816(dv[2 * dp], pa, bf[0], bf[1]);
-          mma_bf16_16816(dv[2 * dp + 1], pa, bf[2], bf[3]);
-          load_b_kmajor<D>(bf, qb, kk * 16, dp * 16, lane);
-          mma_bf16_16816(dk[2 * dp], da, bf[0], bf[1]);
-          mma_bf16_16816(dk[2 * dp + 1], da, bf[2], bf[3]);
-        }
-      }
+      __syncthreads();
     }
-    __syncthreads();
-  }
 
   // Epilogue through this warp's rows of the K and V tiles (only this warp read them).
   stage_acc<D>(ks, wrow, dk, p.scale, lane);
   stage_acc<D>(vs, wrow, dv, 1.0f, lane);
   __syncwarp();
-  store_rows<D, 16>(ks, wrow, p.dk + b * p.sdk.b + h * p.sdk.h, p.sdk.t, wk0, T, lane);
-  store_rows<D, 16>(vs, wrow, p.dv + b * p.sdv.b + h * p.sdv.h, p.sdv.t, wk0, T, lane);
+  store_rows<D, 16>(ks, wrow, p.dk + b * p.sdk.b + hk * p.sdk.h, p.sdk.t, wk0, T, lane);
+  store_rows<D, 16>(vs, wrow, p.dv + b * p.sdv.b + hk * p.sdv.h, p.sdv.t, wk0, T, lane);
 }
 
 // ------------------------------------------------------------------ backward: dQ
@@ -508,8 +522,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
   const int64_t q0 = tile * BM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const bf16_t* kg = p.k + b * p.sk.b + h * p.sk.h;
-  const bf16_t* vg = p.v + b * p.sv.b + h * p.sv.h;
+  const bf16_t* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
+  const bf16_t* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
   const bf16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
 
   const int64_t kend = q0 + BM < T ? q0 + BM : T;
@@ -638,8 +652,8 @@ void launch_fwd(const AttnForward& a, cudaStream_t stream) {
   MmaFwd p = fwd_params<bf16_t>(a);
   p.tiles = ceil_div(p.T, BM);
   const size_t smem = static_cast<size_t>(BM + 4 * BN) * D * sizeof(bf16_t);
-  launch(attn_fwd_mma_kernel<D, MT, NW, BN, MINB>, blocks_for(a.shape, p.tiles, "attention_forward"), NW * 32,
-         smem, stream, p);
+  launch(attn_fwd_mma_kernel<D, MT, NW, BN, MINB>,
+         blocks_for(a.shape, a.shape.H, p.tiles, "attention_forward"), NW * 32, smem, stream, p);
 }
 
 /// dK/dV pass: blocks of 16 * NW keys, query tiles of BM rows.
@@ -647,8 +661,11 @@ template <int D, int NW, int BM, int MINB>
 void launch_dkdv(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
   p.tiles = ceil_div(p.T, 16 * NW);
   const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BM) * D * sizeof(bf16_t) + 4 * BM * sizeof(float);
-  launch(attn_bwd_dkdv_mma_kernel<D, NW, BM, MINB>, blocks_for(s, p.tiles, "attention_backward"), NW * 32,
-         smem, stream, p);
+  const unsigned blocks = blocks_for(s, p.Hkv, p.tiles, "attention_backward");
+  if (p.G > 1)
+    launch(attn_bwd_dkdv_mma_kernel<D, NW, BM, MINB, true>, blocks, NW * 32, smem, stream, p);
+  else  // MHA: the loop over a group's query heads compiled away
+    launch(attn_bwd_dkdv_mma_kernel<D, NW, BM, MINB, false>, blocks, NW * 32, smem, stream, p);
 }
 
 /// dQ pass: blocks of 16 * NW queries, key tiles of BN rows.
@@ -656,8 +673,8 @@ template <int D, int NW, int BN, int MINB>
 void launch_dq(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
   p.tiles = ceil_div(p.T, 16 * NW);
   const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BN) * D * sizeof(bf16_t);
-  launch(attn_bwd_dq_mma_kernel<D, NW, BN, MINB>, blocks_for(s, p.tiles, "attention_backward"), NW * 32, smem,
-         stream, p);
+  launch(attn_bwd_dq_mma_kernel<D, NW, BN, MINB>, blocks_for(s, s.H, p.tiles, "attention_backward"), NW * 32,
+         smem, stream, p);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ struct AttnFwdParams {
   float* lse;
   AttnStrides sq, sk, sv, so;
   int64_t B, H, T, tiles;  // tiles: set by the launcher (its block size)
+  int64_t G;               // query heads per key/value head: h reads K/V head h / G
   float scale_log2;
 };
 
@@ -45,6 +46,7 @@ struct AttnBwdParams {
   E* dv;
   AttnStrides sq, sk, sv, so, sdo, sdq, sdk, sdv;
   int64_t B, H, T, tiles;
+  int64_t Hkv, G;  // key/value heads; query heads per key/value head
   float scale, scale_log2;
 };
 
@@ -58,6 +60,7 @@ inline AttnFwdParams<E> fwd_params(const AttnForward& a) {
   p.lse = a.lse;
   p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so;
   p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  p.G = a.shape.group();
   p.scale_log2 = a.scale * kLog2e;
   return p;
 }
@@ -78,16 +81,18 @@ inline AttnBwdParams<E> bwd_params(const AttnBackward& a, float* di) {
   p.sq = a.sq, p.sk = a.sk, p.sv = a.sv, p.so = a.so, p.sdo = a.sdo, p.sdq = a.sdq, p.sdk = a.sdk,
   p.sdv = a.sdv;
   p.B = a.shape.B, p.H = a.shape.H, p.T = a.shape.T;
+  p.Hkv = a.shape.kv_heads(), p.G = a.shape.group();
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
   return p;
 }
 
-/// One block per (b, h, tile).
-inline unsigned blocks_for(const AttnShape& s, int64_t tiles, const char* what) {
-  const int64_t blocks = s.B * s.H * tiles;
-  BT_CHECK(blocks > 0 && blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", s.B * s.H, ", tiles ",
-           tiles, ")");
+/// One block per (b, head, tile) of `heads` heads (H query heads, or Hkv
+/// key/value heads for the dK/dV pass).
+inline unsigned blocks_for(const AttnShape& s, int64_t heads, int64_t tiles, const char* what) {
+  const int64_t blocks = s.B * heads * tiles;
+  BT_CHECK(blocks > 0 && blocks < INT_MAX, "cuda ", what, ": too many blocks (B*H = ", s.B * heads,
+           ", tiles ", tiles, ")");
   return static_cast<unsigned>(blocks);
 }
 

@@ -10,7 +10,7 @@
 namespace bt {
 namespace {
 
-/// A [B, H, T, D] operand with unit stride on D (copied if needed).
+/// A 4-d operand with unit stride on D, its last dim (copied if needed).
 Tensor bhtd(const Tensor& t) { return t.strides()[3] == 1 ? t : t.contiguous(); }
 
 kernels::AttnStrides strides_of(const Tensor& t) { return {t.strides()[0], t.strides()[1], t.strides()[2]}; }
@@ -22,6 +22,9 @@ struct Operand {
 };
 
 Operand of(const Tensor& t) { return {t.data_ptr(), strides_of(t)}; }
+
+/// A [B, T, heads, D] tensor as a [B, heads, T, D] operand (strides swapped, no copy).
+Operand of_bthd(const Tensor& t) { return {t.data_ptr(), {t.strides()[0], t.strides()[2], t.strides()[1]}}; }
 
 /// Fills the fields AttnForward and AttnBackward share: dtype, shape, scale, q/k/v/o.
 template <typename Args>
@@ -84,37 +87,59 @@ void backward(DType dt, const Device& dev, const kernels::AttnShape& s, float sc
 
 }  // namespace
 
-Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale) {
+namespace {
+
+/// causal_attention (bthd false: [B, H, T, D] operands) and
+/// grouped_query_attention (bthd true: [B, T, H, D]); k and v have Hkv heads.
+Tensor attention(const char* op, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale,
+                 bool bthd) {
+  const int hd = bthd ? 2 : 1, td = bthd ? 1 : 2;  // the head and time dims
+  const char* layout = bthd ? "[B, T, heads, D]" : "[B, heads, T, D]";
   for (const Tensor* t : {&q_in, &k_in, &v_in}) {
-    detail::check_defined("causal_attention", *t, "q/k/v");
-    detail::check_dim("causal_attention", *t, "q/k/v", 4);
-    detail::check_same_device("causal_attention", q_in, *t);
-    detail::check_same_dtype("causal_attention", q_in, *t);
-    BT_CHECK(t->shape() == q_in.shape(),
-             "causal_attention: q, k and v must have one shape [B, H, T, D]; got ", shape_str(q_in.shape()),
-             " and ", shape_str(t->shape()));
+    detail::check_defined(op, *t, "q/k/v");
+    detail::check_dim(op, *t, "q/k/v", 4);
+    detail::check_same_device(op, q_in, *t);
+    detail::check_same_dtype(op, q_in, *t);
   }
-  detail::check_dtype("causal_attention", q_in, "q", {DType::F32, DType::F64, DType::BF16});
+  detail::check_dtype(op, q_in, "q", {DType::F32, DType::F64, DType::BF16});
+  BT_CHECK(k_in.shape() == v_in.shape(), op, ": k and v must have one shape ", layout, "; got ",
+           shape_str(k_in.shape()), " and ", shape_str(v_in.shape()));
+  BT_CHECK(k_in.size(0) == q_in.size(0) && k_in.size(td) == q_in.size(td) && k_in.size(3) == q_in.size(3), op,
+           ": q, k and v must have one shape ", layout, " but for the number of heads; got q ",
+           shape_str(q_in.shape()), " and k, v ", shape_str(k_in.shape()));
+  const int64_t H = q_in.size(hd), Hkv = k_in.size(hd);
+  BT_CHECK(Hkv > 0 ? H % Hkv == 0 : H == 0, op, ": the ", Hkv, " key/value heads of k and v must divide the ",
+           H, " query heads of q (each key/value head serves H / Hkv query heads)");
   Tensor q = bhtd(q_in), k = bhtd(k_in), v = bhtd(v_in);
-  const kernels::AttnShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
+  const auto op_of = [bthd](const Tensor& t) { return bthd ? of_bthd(t) : of(t); };
+  const kernels::AttnShape s{q.size(0), H, q.size(td), q.size(3), Hkv};
   const float sc = default_scale(scale, s.D);
   Tensor o = empty(q.shape(), q.options());
-  Tensor lse = forward(q.dtype(), q.device(), s, sc, of(q), of(k), of(v), of(o));
+  Tensor lse = forward(q.dtype(), q.device(), s, sc, op_of(q), op_of(k), op_of(v), op_of(o));
   if (autograd::any_requires_grad({&q_in, &k_in, &v_in}))
     autograd::record(
-        "CausalAttentionBackward", {&q_in, &k_in, &v_in}, o,
-        [sq = SavedTensor(q, "causal_attention"), sk = SavedTensor(k, "causal_attention"),
-         sv = SavedTensor(v, "causal_attention"), so = SavedTensor(o, "causal_attention"),
-         sl = SavedTensor(lse, "causal_attention"), s, sc](autograd::Grads& g) -> autograd::Grads {
+        bthd ? "GroupedQueryAttentionBackward" : "CausalAttentionBackward", {&q_in, &k_in, &v_in}, o,
+        [sq = SavedTensor(q, op), sk = SavedTensor(k, op), sv = SavedTensor(v, op), so = SavedTensor(o, op),
+         sl = SavedTensor(lse, op), s, sc, op_of](autograd::Grads& g) -> autograd::Grads {
           Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), o = so.unpack();
           Tensor dout = bhtd(g[0]);
-          Tensor dq = empty(q.shape(), q.options()), dk = empty(q.shape(), q.options()),
-                 dv = empty(q.shape(), q.options());
-          backward(q.dtype(), q.device(), s, sc, of(q), of(k), of(v), of(o), of(dout), sl.unpack(), of(dq),
-                   of(dk), of(dv));
+          Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()),
+                 dv = empty(v.shape(), v.options());
+          backward(q.dtype(), q.device(), s, sc, op_of(q), op_of(k), op_of(v), op_of(o), op_of(dout),
+                   sl.unpack(), op_of(dq), op_of(dk), op_of(dv));
           return {dq, dk, dv};
         });
   return o;
+}
+
+}  // namespace
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  return attention("causal_attention", q, k, v, scale, false);
+}
+
+Tensor grouped_query_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  return attention("grouped_query_attention", q, k, v, scale, true);
 }
 
 }  // namespace bt

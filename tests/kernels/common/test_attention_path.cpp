@@ -192,6 +192,27 @@ TEST(AttentionPath, EveryViewStrideAMultipleOf16Bytes) {
   }
 }
 
+TEST(AttentionPath, KeyValueViewsUseTheKeyValueHeadCount) {
+  // Grouped-query attention: the h stride of k, v, dk, dv applies to their Hkv
+  // heads, that of q, o, dout, dq to the H query heads.
+  for (DType dt : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    for (int i = 0; i < kViews; ++i) {
+      const bool kv = i == 1 || i == 2 || i == 6 || i == 7;
+      SCOPED_TRACE(kViewNames[i]);
+      Call c(dt, 64);
+      c.shape.H = 4, c.shape.Hkv = 2;
+      c.strides[i].h += 1;  // misaligned rows of head 1
+      expect_path_of_view(c, i, AttnPath::Simt);
+      c.shape.Hkv = 1;  // one key/value head: its h stride is never applied
+      if (kv)
+        expect_fast(c);
+      else
+        expect_path_of_view(c, i, AttnPath::Simt);
+    }
+  }
+}
+
 TEST(AttentionPath, NullViewOnTheSimtKernels) {
   // The dispatcher rejects null buffers before it asks; the selector never calls them aligned.
   Call c(DType::BF16, 64);

@@ -1,5 +1,6 @@
 // Causal attention forward/backward against a naive full-matrix double
-// reference, on contiguous and fused-QKV strided layouts.
+// reference, on contiguous and fused-QKV strided layouts, with H query heads
+// and Hkv key/value heads (grouped-query attention: Hkv divides H).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -22,31 +23,33 @@ int64_t at(const AttnStrides& s, int64_t b, int64_t h, int64_t t, int64_t d) {
 }
 
 struct RefOut {
-  std::vector<double> o, lse, dq, dk, dv;  // packed [B, H, T, D] / [B, H, T]
+  std::vector<double> o, lse, dq, dk, dv;  // packed [B, H, T, D] / [B, H, T]; dk, dv [B, Hkv, T, D]
 };
 
 /// Naive reference: full S, masked softmax, O = P V; dP = dO V^T,
 /// dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+/// Query head h uses key/value head h / (H / Hkv); dK and dV of a key/value
+/// head sum the contributions of its query heads.
 /// With o_given (packed [B, H, T, D]) the row term is instead sum_d dO * o_given,
 /// as the kernel contract specifies (it matters when O was rounded to bf16).
 RefOut reference(const AttnShape& sh, double scale, const std::vector<double>& q, AttnStrides sq,
                  const std::vector<double>& k, AttnStrides sk, const std::vector<double>& v, AttnStrides sv,
                  const std::vector<double>& dout, AttnStrides sdo,
                  const std::vector<double>* o_given = nullptr) {
-  const int64_t B = sh.B, H = sh.H, T = sh.T, D = sh.D;
+  const int64_t B = sh.B, H = sh.H, T = sh.T, D = sh.D, Hkv = sh.kv_heads(), G = H / Hkv;
   RefOut r;
   r.o.assign(B * H * T * D, 0), r.lse.assign(B * H * T, 0);
-  r.dq.assign(B * H * T * D, 0), r.dk.assign(B * H * T * D, 0), r.dv.assign(B * H * T * D, 0);
+  r.dq.assign(B * H * T * D, 0), r.dk.assign(B * Hkv * T * D, 0), r.dv.assign(B * Hkv * T * D, 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       std::vector<double> P(T * T, 0.0), dP(T * T, 0.0);
-      const int64_t base = (b * H + h) * T;
+      const int64_t base = (b * H + h) * T, hk = h / G, kbase = (b * Hkv + hk) * T;
       for (int64_t i = 0; i < T; ++i) {
         double mx = -INFINITY;
         std::vector<double> s(T);
         for (int64_t j = 0; j <= i; ++j) {
           double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += q[at(sq, b, h, i, d)] * k[at(sk, b, h, j, d)];
+          for (int64_t d = 0; d < D; ++d) acc += q[at(sq, b, h, i, d)] * k[at(sk, b, hk, j, d)];
           s[j] = scale * acc;
           mx = std::max(mx, s[j]);
         }
@@ -56,7 +59,7 @@ RefOut reference(const AttnShape& sh, double scale, const std::vector<double>& q
         for (int64_t j = 0; j <= i; ++j) P[i * T + j] = std::exp(s[j] - mx) / z;
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j <= i; ++j) acc += P[i * T + j] * v[at(sv, b, h, j, d)];
+          for (int64_t j = 0; j <= i; ++j) acc += P[i * T + j] * v[at(sv, b, hk, j, d)];
           r.o[(base + i) * D + d] = acc;
         }
       }
@@ -64,7 +67,7 @@ RefOut reference(const AttnShape& sh, double scale, const std::vector<double>& q
         double rs = 0;
         for (int64_t j = 0; j <= i; ++j) {
           double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += dout[at(sdo, b, h, i, d)] * v[at(sv, b, h, j, d)];
+          for (int64_t d = 0; d < D; ++d) acc += dout[at(sdo, b, h, i, d)] * v[at(sv, b, hk, j, d)];
           dP[i * T + j] = acc;
           rs += P[i * T + j] * acc;
         }
@@ -75,9 +78,9 @@ RefOut reference(const AttnShape& sh, double scale, const std::vector<double>& q
         for (int64_t j = 0; j <= i; ++j) {
           const double ds = P[i * T + j] * (dP[i * T + j] - rs);
           for (int64_t d = 0; d < D; ++d) {
-            r.dq[(base + i) * D + d] += scale * ds * k[at(sk, b, h, j, d)];
-            r.dk[(base + j) * D + d] += scale * ds * q[at(sq, b, h, i, d)];
-            r.dv[(base + j) * D + d] += P[i * T + j] * dout[at(sdo, b, h, i, d)];
+            r.dq[(base + i) * D + d] += scale * ds * k[at(sk, b, hk, j, d)];
+            r.dk[(kbase + j) * D + d] += scale * ds * q[at(sq, b, h, i, d)];
+            r.dv[(kbase + j) * D + d] += P[i * T + j] * dout[at(sdo, b, h, i, d)];
           }
         }
       }
@@ -96,14 +99,19 @@ std::vector<double> pack(const Buf& buf, const AttnShape& sh, AttnStrides s) {
 }
 
 void run_case(DType dt, const AttnShape& sh, float scale, bool fused, uint32_t seed) {
-  SCOPED_TRACE(bt::cat(dtype_name(dt), " B=", sh.B, " H=", sh.H, " T=", sh.T, " D=", sh.D, " fused=", fused));
-  const int64_t B = sh.B, H = sh.H, T = sh.T, D = sh.D, n = B * H * T * D;
-  // fused: q, k, v are slices of one [B, T, 3, H, D] buffer; o, dout are [B, T, H, D].
-  const AttnStrides sqkv = fused ? AttnStrides{T * 3 * H * D, D, 3 * H * D} : kernels::contiguous_bhtd(sh);
+  SCOPED_TRACE(bt::cat(dtype_name(dt), " B=", sh.B, " H=", sh.H, " Hkv=", sh.kv_heads(), " T=", sh.T,
+                       " D=", sh.D, " fused=", fused));
+  const int64_t B = sh.B, H = sh.H, Hkv = sh.kv_heads(), T = sh.T, D = sh.D;
+  const int64_t n = B * H * T * D, nkv = B * Hkv * T * D;
+  // fused: q, k, v are slices of one [B, T, H + 2 Hkv, D] buffer (q heads, then
+  // k heads, then v heads: a fused projection); o, dout are [B, T, H, D].
+  const int64_t row = (H + 2 * Hkv) * D;
+  const AttnStrides sq = fused ? AttnStrides{T * row, D, row} : kernels::contiguous_bhtd(sh);
+  const AttnStrides skv = fused ? sq : kernels::contiguous_kv_bhtd(sh);
   const AttnStrides so = fused ? AttnStrides{T * H * D, D, H * D} : kernels::contiguous_bhtd(sh);
-  const int64_t koff = fused ? H * D : 0, voff = fused ? 2 * H * D : 0;
-  Buf qkv = rand_buf(dt, fused ? 3 * n : n, seed), kb = rand_buf(dt, n, seed + 1),
-      vb = rand_buf(dt, n, seed + 2);
+  const int64_t koff = fused ? H * D : 0, voff = fused ? (H + Hkv) * D : 0;
+  Buf qkv = rand_buf(dt, fused ? B * T * row : n, seed), kb = rand_buf(dt, nkv, seed + 1),
+      vb = rand_buf(dt, nkv, seed + 2);
   Buf o(dt, n), dout = rand_buf(dt, n, seed + 3);
   const unsigned char* base = static_cast<const unsigned char*>(qkv.data());
   const size_t es = dtype_size(dt);
@@ -114,7 +122,7 @@ void run_case(DType dt, const AttnShape& sh, float scale, bool fused, uint32_t s
 
   AttnForward f;
   f.dt = dt, f.shape = sh, f.scale = scale;
-  f.q = qp, f.sq = sqkv, f.k = kp, f.sk = sqkv, f.v = vp, f.sv = sqkv, f.o = o.data(), f.so = so,
+  f.q = qp, f.sq = sq, f.k = kp, f.sk = skv, f.v = vp, f.sv = skv, f.o = o.data(), f.so = so,
   f.lse = lse.data();
   cpu::attention_forward(f);
 
@@ -122,44 +130,44 @@ void run_case(DType dt, const AttnShape& sh, float scale, bool fused, uint32_t s
   const std::vector<double> all = qkv.vals();
   std::vector<double> qv = all, kv = fused ? std::vector<double>(all.begin() + koff, all.end()) : kb.vals(),
                       vv = fused ? std::vector<double>(all.begin() + voff, all.end()) : vb.vals();
-  const RefOut ref = reference(sh, scale, qv, sqkv, kv, sqkv, vv, sqkv, dout.vals(), so);
+  const RefOut ref = reference(sh, scale, qv, sq, kv, skv, vv, skv, dout.vals(), so);
   // For BF16 the backward's row term uses the bf16-rounded O it is given.
   const std::vector<double> o_stored = pack(o, sh, so);
-  const RefOut gref = dt == DType::BF16
-                          ? reference(sh, scale, qv, sqkv, kv, sqkv, vv, sqkv, dout.vals(), so, &o_stored)
-                          : ref;
+  const RefOut gref =
+      dt == DType::BF16 ? reference(sh, scale, qv, sq, kv, skv, vv, skv, dout.vals(), so, &o_stored) : ref;
   EXPECT_LT(rel_err(pack(o, sh, so), ref.o), tol(dt));
   EXPECT_LT(rel_err(std::vector<double>(lse.begin(), lse.end()), ref.lse), 1e-6);
 
   // Backward into one fused gradient buffer (or three), pre-filled with NaN:
   // every element must be written.
-  Buf dqkv(dt, fused ? 3 * n : n), dkb(dt, n), dvb(dt, n);
+  Buf dqkv(dt, fused ? B * T * row : n), dkb(dt, nkv), dvb(dt, nkv);
   for (Buf* bptr : {&dqkv, &dkb, &dvb})
     for (int64_t i = 0; i < bptr->n; ++i) bptr->set(i, NAN);
   unsigned char* gbase = static_cast<unsigned char*>(dqkv.data());
   AttnBackward g;
   g.dt = dt, g.shape = sh, g.scale = scale;
-  g.q = qp, g.sq = sqkv, g.k = kp, g.sk = sqkv, g.v = vp, g.sv = sqkv, g.o = o.data(), g.so = so;
+  g.q = qp, g.sq = sq, g.k = kp, g.sk = skv, g.v = vp, g.sv = skv, g.o = o.data(), g.so = so;
   g.dout = dout.data(), g.sdo = so, g.lse = lse.data();
-  g.dq = gbase, g.sdq = sqkv;
-  g.dk = fused ? static_cast<void*>(gbase + koff * es) : dkb.data(), g.sdk = sqkv;
-  g.dv = fused ? static_cast<void*>(gbase + voff * es) : dvb.data(), g.sdv = sqkv;
+  g.dq = gbase, g.sdq = sq;
+  g.dk = fused ? static_cast<void*>(gbase + koff * es) : dkb.data(), g.sdk = skv;
+  g.dv = fused ? static_cast<void*>(gbase + voff * es) : dvb.data(), g.sdv = skv;
   cpu::attention_backward(g);
   const Buf& dkbuf = fused ? dqkv : dkb;
   const Buf& dvbuf = fused ? dqkv : dvb;
-  auto pack_off = [&](const Buf& b, int64_t off) {
+  auto pack_off = [&](const Buf& b, int64_t off, int64_t heads, const AttnStrides& st) {
     std::vector<double> out;
     for (int64_t bb = 0; bb < B; ++bb)
-      for (int64_t h = 0; h < H; ++h)
+      for (int64_t h = 0; h < heads; ++h)
         for (int64_t t = 0; t < T; ++t)
-          for (int64_t d = 0; d < D; ++d) out.push_back(b.get(off + at(sqkv, bb, h, t, d)));
+          for (int64_t d = 0; d < D; ++d) out.push_back(b.get(off + at(st, bb, h, t, d)));
     return out;
   };
-  EXPECT_LT(rel_err(pack_off(dqkv, 0), gref.dq), tol(dt)) << "dq";
-  EXPECT_LT(rel_err(pack_off(dkbuf, fused ? koff : 0), gref.dk), tol(dt)) << "dk";
-  EXPECT_LT(rel_err(pack_off(dvbuf, fused ? voff : 0), gref.dv), tol(dt)) << "dv";
-  for (int64_t i = 0; i < dqkv.n; ++i)
-    ASSERT_FALSE(std::isnan(dqkv.get(i))) << "gradient element " << i << " not written";
+  EXPECT_LT(rel_err(pack_off(dqkv, 0, H, sq), gref.dq), tol(dt)) << "dq";
+  EXPECT_LT(rel_err(pack_off(dkbuf, koff, Hkv, skv), gref.dk), tol(dt)) << "dk";
+  EXPECT_LT(rel_err(pack_off(dvbuf, voff, Hkv, skv), gref.dv), tol(dt)) << "dv";
+  for (const Buf* bptr : std::initializer_list<const Buf*>{&dqkv, &dkbuf, &dvbuf})
+    for (int64_t i = 0; i < bptr->n; ++i)
+      ASSERT_FALSE(std::isnan(bptr->get(i))) << "gradient element " << i << " not written";
 }
 
 TEST(AttentionCpu, ForwardBackwardContiguous) {
@@ -180,16 +188,28 @@ TEST(AttentionCpu, ForwardBackwardFusedQkvStrides) {
       run_case(dt, s, 1.0f / std::sqrt(static_cast<float>(s.D)), true, seed += 4);
 }
 
+TEST(AttentionCpu, GroupedQueryHeads) {
+  // H = 4 query heads over Hkv = 2 (groups of 2) and 1 (multi-query); 6 over 3.
+  const AttnShape shapes[] = {{2, 4, 17, 8, 2}, {1, 4, 33, 5, 1}, {1, 6, 9, 4, 3}};
+  uint32_t seed = 200;
+  for (DType dt : kFloatTypes)
+    for (const AttnShape& s : shapes)
+      for (bool fused : {false, true})
+        run_case(dt, s, 1.0f / std::sqrt(static_cast<float>(s.D)), fused, seed += 4);
+}
+
 TEST(AttentionCpu, LargeScoresAreStable) {
   // Scores of several hundred would overflow exp without max subtraction.
   for (DType dt : kFloatTypes) run_case(dt, AttnShape{1, 2, 17, 8}, 40.0f, false, 77);
 }
 
-TEST(AttentionCpu, F64BackwardMatchesFiniteDifferences) {
-  const AttnShape sh{1, 2, 5, 3};
-  const int64_t n = sh.B * sh.H * sh.T * sh.D;
-  const AttnStrides s = kernels::contiguous_bhtd(sh);
-  std::vector<double> q = randn(n, 1), k = randn(n, 2), v = randn(n, 3), dout = randn(n, 4);
+/// The F64 backward against central finite differences of sum(dout * o), for
+/// every element of q, k and v.
+void check_f64_finite_differences(const AttnShape& sh) {
+  SCOPED_TRACE(bt::cat("B=", sh.B, " H=", sh.H, " Hkv=", sh.kv_heads(), " T=", sh.T, " D=", sh.D));
+  const int64_t n = sh.B * sh.H * sh.T * sh.D, nkv = sh.B * sh.kv_heads() * sh.T * sh.D;
+  const AttnStrides s = kernels::contiguous_bhtd(sh), skv = kernels::contiguous_kv_bhtd(sh);
+  std::vector<double> q = randn(n, 1), k = randn(nkv, 2), v = randn(nkv, 3), dout = randn(n, 4);
   const float scale = 0.7f;
   auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
                   const std::vector<double>& vv) {
@@ -197,7 +217,7 @@ TEST(AttentionCpu, F64BackwardMatchesFiniteDifferences) {
     std::vector<float> lse(sh.B * sh.H * sh.T);
     AttnForward f;
     f.dt = DType::F64, f.shape = sh, f.scale = scale;
-    f.q = qq.data(), f.k = kk.data(), f.v = vv.data(), f.o = o.data(), f.sq = f.sk = f.sv = f.so = s;
+    f.q = qq.data(), f.k = kk.data(), f.v = vv.data(), f.o = o.data(), f.sq = f.so = s, f.sk = f.sv = skv;
     f.lse = lse.data();
     cpu::attention_forward(f);
     double l = 0;
@@ -205,28 +225,101 @@ TEST(AttentionCpu, F64BackwardMatchesFiniteDifferences) {
     return std::make_pair(l, std::make_pair(o, lse));
   };
   auto [l0, fw] = loss(q, k, v);
-  std::vector<double> dq(n), dk(n), dv(n);
+  std::vector<double> dq(n), dk(nkv), dv(nkv);
   AttnBackward g;
   g.dt = DType::F64, g.shape = sh, g.scale = scale;
   g.q = q.data(), g.k = k.data(), g.v = v.data(), g.o = fw.first.data(), g.dout = dout.data(),
   g.lse = fw.second.data();
   g.dq = dq.data(), g.dk = dk.data(), g.dv = dv.data();
-  g.sq = g.sk = g.sv = g.so = g.sdo = g.sdq = g.sdk = g.sdv = s;
+  g.sq = g.so = g.sdo = g.sdq = s;
+  g.sk = g.sv = g.sdk = g.sdv = skv;
   cpu::attention_backward(g);
   const double h = 1e-6;
-  std::vector<double> nq, nk, nv;
-  for (int64_t i = 0; i < n; ++i) {
-    auto num = [&](int which) {
+  auto numeric = [&](int which, int64_t count) {
+    std::vector<double> out;
+    for (int64_t i = 0; i < count; ++i) {
       auto qp = q, kp = k, vp = v, qm = q, km = k, vm = v;
       (which == 0 ? qp : which == 1 ? kp : vp)[i] += h;
       (which == 0 ? qm : which == 1 ? km : vm)[i] -= h;
-      return (loss(qp, kp, vp).first - loss(qm, km, vm).first) / (2 * h);
-    };
-    nq.push_back(num(0)), nk.push_back(num(1)), nv.push_back(num(2));
+      out.push_back((loss(qp, kp, vp).first - loss(qm, km, vm).first) / (2 * h));
+    }
+    return out;
+  };
+  EXPECT_LT(rel_err(dq, numeric(0, n)), 1e-7);
+  EXPECT_LT(rel_err(dk, numeric(1, nkv)), 1e-7);
+  EXPECT_LT(rel_err(dv, numeric(2, nkv)), 1e-7);
+}
+
+TEST(AttentionCpu, F64BackwardMatchesFiniteDifferences) { check_f64_finite_differences({1, 2, 5, 3}); }
+
+TEST(AttentionCpu, F64GroupedQueryBackwardMatchesFiniteDifferences) {
+  check_f64_finite_differences({1, 4, 5, 3, 2});  // groups of 2 query heads
+  check_f64_finite_differences({2, 4, 4, 3, 1});  // one key/value head for all 4
+}
+
+/// Grouped-query attention equals multi-head attention on K and V with each
+/// key/value head repeated G times: the same forward bits, the same dq bits
+/// (each query head does the same arithmetic), and dk, dv equal to the sums of
+/// the repeated heads' gradients (to rounding: the sums run in another order).
+void check_equals_repeated_heads(DType dt, const AttnShape& gqa) {
+  SCOPED_TRACE(bt::cat(dtype_name(dt), " H=", gqa.H, " Hkv=", gqa.Hkv));
+  AttnShape mha = gqa;
+  mha.Hkv = 0;
+  const int64_t B = gqa.B, H = gqa.H, Hkv = gqa.Hkv, G = gqa.group(), T = gqa.T, D = gqa.D;
+  const int64_t n = B * H * T * D, nkv = B * Hkv * T * D;
+  const Buf q = rand_buf(dt, n, 11), k = rand_buf(dt, nkv, 12), v = rand_buf(dt, nkv, 13),
+            dout = rand_buf(dt, n, 14);
+  Buf k_rep(dt, n), v_rep(dt, n);  // [B, H, T, D]: head h holds key/value head h / G
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T * D; ++i) {
+        k_rep.set((b * H + h) * T * D + i, k.get((b * Hkv + h / G) * T * D + i));
+        v_rep.set((b * H + h) * T * D + i, v.get((b * Hkv + h / G) * T * D + i));
+      }
+  struct Out {
+    Buf o, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  auto run = [&](const AttnShape& sh, const Buf& kk, const Buf& vv) {
+    const int64_t nk = sh.B * sh.kv_heads() * T * D;
+    Out r{Buf(dt, n), Buf(dt, n), Buf(dt, nk), Buf(dt, nk), std::vector<float>(B * H * T)};
+    const AttnStrides s = kernels::contiguous_bhtd(sh), skv = kernels::contiguous_kv_bhtd(sh);
+    AttnForward f;
+    f.dt = dt, f.shape = sh, f.scale = 0.4f;
+    f.q = q.data(), f.k = kk.data(), f.v = vv.data(), f.o = r.o.data(), f.lse = r.lse.data();
+    f.sq = f.so = s, f.sk = f.sv = skv;
+    cpu::attention_forward(f);
+    AttnBackward g;
+    g.dt = dt, g.shape = sh, g.scale = f.scale;
+    g.q = q.data(), g.k = kk.data(), g.v = vv.data(), g.o = r.o.data(), g.dout = dout.data();
+    g.lse = r.lse.data(), g.dq = r.dq.data(), g.dk = r.dk.data(), g.dv = r.dv.data();
+    g.sq = g.so = g.sdo = g.sdq = s;
+    g.sk = g.sv = g.sdk = g.sdv = skv;
+    cpu::attention_backward(g);
+    return r;
+  };
+  const Out got = run(gqa, k, v), want = run(mha, k_rep, v_rep);
+  EXPECT_EQ(got.o.vals(), want.o.vals()) << "o";
+  EXPECT_EQ(got.lse, want.lse) << "lse";
+  EXPECT_EQ(got.dq.vals(), want.dq.vals()) << "dq";
+  std::vector<double> dk_sum(nkv, 0.0), dv_sum(nkv, 0.0);
+  const std::vector<double> dk_rep = want.dk.vals(), dv_rep = want.dv.vals();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T * D; ++i) {
+        dk_sum[(b * Hkv + h / G) * T * D + i] += dk_rep[(b * H + h) * T * D + i];
+        dv_sum[(b * Hkv + h / G) * T * D + i] += dv_rep[(b * H + h) * T * D + i];
+      }
+  const double eps = dt == DType::F64 ? 1e-13 : 1e-6;
+  EXPECT_LT(rel_err(got.dk.vals(), dk_sum), eps) << "dk";
+  EXPECT_LT(rel_err(got.dv.vals(), dv_sum), eps) << "dv";
+}
+
+TEST(AttentionCpu, GroupedQueryEqualsRepeatedKeyValueHeads) {
+  for (DType dt : {DType::F32, DType::F64}) {
+    check_equals_repeated_heads(dt, {2, 4, 19, 8, 2});
+    check_equals_repeated_heads(dt, {1, 4, 19, 8, 1});
   }
-  EXPECT_LT(rel_err(dq, nq), 1e-7);
-  EXPECT_LT(rel_err(dk, nk), 1e-7);
-  EXPECT_LT(rel_err(dv, nv), 1e-7);
 }
 
 TEST(AttentionCpu, Errors) {
@@ -244,6 +337,12 @@ TEST(AttentionCpu, Errors) {
   expect_error([&] { cpu::attention_backward(g); }, "lse");
   g.shape = {1, -1, 2, 2};
   expect_error([&] { cpu::attention_backward(g); }, "negative shape");
+  f.dt = DType::F32;
+  f.shape = {1, 4, 2, 2, 3};
+  expect_error([&] { cpu::attention_forward(f); },
+               "attention_forward: the 3 key/value heads (Hkv) must divide the 4 query heads (H)");
+  f.shape.Hkv = -1;
+  expect_error([&] { cpu::attention_forward(f); }, "negative shape");
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // fp32 path (D in {32, 64}, 16-byte aligned rows), each against the CPU
 // float64 kernels on the same values, plus their determinism; the Simt* and
 // Unaligned* tests run the SIMT fallback, also on shapes the fast paths take.
+// The GroupedQuery* tests run each path with Hkv in {H, H / 2, 1} key/value
+// heads (Note [Grouped-query attention]), and the determinism of their backward.
 // A test named after a path first asserts that its calls take that path
 // (cuda::attention_*_path, which the dispatcher switches on; its host test is
 // tests/kernels/common/test_attention_path.cpp).
@@ -31,7 +33,8 @@ using kernels::AttnStrides;
 
 struct Case {
   int64_t B, H, T, D;
-  bool fused;  // q/k/v (and their grads) are slices of one [B, T, 3, H, D] buffer
+  bool fused;       // q/k/v (and their grads) are slices of one [B, T, 3, H, D] buffer
+  int64_t Hkv = 0;  // key/value heads (0: H); run_vs_f64 only
 };
 
 /// Element positions of the [B, H, T, D] view (in b, h, t, d order).
@@ -163,22 +166,29 @@ constexpr Paths kTensorCore{AttnPath::TensorCore, AttnPath::TensorCore};
 constexpr Paths kF32Tiled{AttnPath::F32Tiled, AttnPath::F32Tiled};
 constexpr Paths kSimt{AttnPath::Simt, AttnPath::Simt};
 
-/// Fused [B, T, 3, H, D] q/k/v (each t-row padded by `t_pad` elements, the
-/// buffer starting `shift` elements into its allocation) in `dt` (bf16 or f32)
+/// Fused [B, T, H + 2 Hkv, D] q/k/v (q's H heads, then k's and v's Hkv: a
+/// fused projection; [B, T, 3, H, D] without GQA; each t-row padded by `t_pad`
+/// elements, the buffer starting `shift` elements into its allocation) in `dt` (bf16 or f32)
 /// on the GPU; the CPU float64 kernels on the same values are the reference.
 /// The calls must take the paths `want`. The GPU backward consumes the GPU
 /// forward's o and lse, as in training. Gradients land in a fused buffer of the
 /// same layout. `scale` 0 means 1 / sqrt(D).
 void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.0, int64_t t_pad = 0,
                 DType dt = DType::BF16, float scale = 0.0f, int64_t shift = 0) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " vs f64: B " << c.B << " H " << c.H << " T " << c.T
-                                    << " D " << c.D << " stddev " << stddev << " t_pad " << t_pad << " scale "
-                                    << scale << " shift " << shift);
+  const AttnShape s{c.B, c.H, c.T, c.D, c.Hkv};
+  const int64_t Hkv = s.kv_heads();
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " vs f64: B " << c.B << " H " << c.H << " Hkv "
+                                    << Hkv << " T " << c.T << " D " << c.D << " stddev " << stddev
+                                    << " t_pad " << t_pad << " scale " << scale << " shift " << shift);
   const size_t es = dtype_size(dt);
-  const AttnShape s{c.B, c.H, c.T, c.D};
-  const int64_t n = c.B * c.H * c.T * c.D, row = 3 * c.H * c.D + t_pad, total = shift + c.B * c.T * row;
+  const int64_t n = c.B * c.H * c.T * c.D, width = (c.H + 2 * Hkv) * c.D, row = width + t_pad,
+                total = shift + c.B * c.T * row;
   const AttnStrides sqkv{c.T * row, c.D, row};
-  const int64_t oq = shift, ok = shift + c.H * c.D, ov = shift + 2 * c.H * c.D;
+  const int64_t oq = shift, ok = shift + c.H * c.D, ov = shift + (c.H + Hkv) * c.D;
+  // Element positions of q's view (oq) or of k's or v's ([B, Hkv, T, D]).
+  AttnShape kv_shape = s;
+  kv_shape.H = Hkv;
+  const auto pos = [&](int64_t off) { return positions(off == oq ? s : kv_shape, sqkv, off); };
   const AttnStrides so = kernels::contiguous_bhtd(s);
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   const HostBuf qkv = randn_buf(dt, total, gen, stddev), dout = randn_buf(dt, n, gen);
@@ -257,35 +267,34 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
   cuda::attention_backward(bg, scratch.as<float>(), nullptr);
   const HostBuf grads = d_grads.to_host(dt, total);
   if (c.T > 1) {
-    BT_EXPECT_REL(gather(grads, positions(s, sqkv, oq)), gather(g64, positions(s, sqkv, oq)), tol(dt), "dq");
-    BT_EXPECT_REL(gather(grads, positions(s, sqkv, ok)), gather(g64, positions(s, sqkv, ok)), tol(dt), "dk");
+    BT_EXPECT_REL(gather(grads, pos(oq)), gather(g64, pos(oq)), tol(dt), "dq");
+    BT_EXPECT_REL(gather(grads, pos(ok)), gather(g64, pos(ok)), tol(dt), "dk");
   } else {
     // One key per query: P = 1 and dS = dP - rowsum(dO * O) cancels to rounding
     // noise, so dq = scale dS K and dk = scale dS^T Q are noise in both; a
     // relative error means nothing. Their difference is bounded by the terms
-    // that cancel: |dP| <= D max|dO| max|V|.
+    // that cancel: |dP| <= D max|dO| max|V| (dk: for each of the G query heads it sums).
     auto amax = [](const std::vector<double>& v) {
       double m = 0;
       for (double x : v) m = std::max(m, std::abs(x));
       return m;
     };
-    const double dp =
-        static_cast<double>(c.D) * amax(dout.vals()) * amax(gather(qkv, positions(s, sqkv, ov)));
+    const double dp = static_cast<double>(c.D) * amax(dout.vals()) * amax(gather(qkv, pos(ov)));
     for (const auto& [off, other, name] : {std::tuple{oq, ok, "dq"}, std::tuple{ok, oq, "dk"}}) {
-      const std::vector<double> got = gather(grads, positions(s, sqkv, off)),
-                                want = gather(g64, positions(s, sqkv, off));
+      const std::vector<double> got = gather(grads, pos(off)), want = gather(g64, pos(off));
       double err = 0;
       for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want[i]));
-      EXPECT_LE(err, tol(dt) * std::abs(scale) * dp * amax(gather(qkv, positions(s, sqkv, other)))) << name;
+      const double heads = off == ok ? static_cast<double>(s.group()) : 1.0;
+      EXPECT_LE(err, heads * tol(dt) * std::abs(scale) * dp * amax(gather(qkv, pos(other)))) << name;
     }
   }
-  BT_EXPECT_REL(gather(grads, positions(s, sqkv, ov)), gather(g64, positions(s, sqkv, ov)), tol(dt), "dv");
+  BT_EXPECT_REL(gather(grads, pos(ov)), gather(g64, pos(ov)), tol(dt), "dv");
   // The shift before the buffer and the padding between rows are no element
   // of any view: still poisoned.
   int64_t written = 0;
   for (int64_t e = 0; e < shift; ++e) written += !std::isnan(grads.get(e));
   for (int64_t r = 0; r < c.B * c.T; ++r)
-    for (int64_t e = 3 * c.H * c.D; e < row; ++e) written += !std::isnan(grads.get(shift + r * row + e));
+    for (int64_t e = width; e < row; ++e) written += !std::isnan(grads.get(shift + r * row + e));
   EXPECT_EQ(written, 0) << "gradient kernels wrote outside the views";
 }
 
@@ -311,23 +320,24 @@ TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
 /// Bytes of a device buffer.
 std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsigned char>(d.bytes()); }
 
-/// Two forward + backward runs on the same inputs (fused q/k/v, B 2, H 3,
-/// T 333), on the path `want`, give the same bytes in o, lse, dq, dk and dv.
-void check_deterministic(DType dt, int64_t D, AttnPath want) {
+/// Two forward + backward runs on the same inputs (fused q/k/v [B, T, H + 2
+/// Hkv, D], B 2, T 333, H 3 or, with Hkv, 4), on the path `want`, give the same
+/// bytes in o, lse, dq, dk and dv (with GQA, dk and dv are sums over query heads).
+void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0) {
   BT_SEED(seed);
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D << " Hkv " << Hkv);
   std::mt19937 gen(seed);
   const size_t es = dtype_size(dt);
-  const int64_t B = 2, H = 3, T = 333;
-  const AttnShape s{B, H, T, D};
+  const int64_t B = 2, H = Hkv ? 4 : 3, KH = Hkv ? Hkv : H, T = 333, row = (H + 2 * KH) * D;
+  const AttnShape s{B, H, T, D, Hkv};
   const int64_t n = B * H * T * D;
-  const AttnStrides sqkv{T * 3 * H * D, D, 3 * H * D}, so = kernels::contiguous_bhtd(s);
-  DevBuf d_qkv(randn_buf(dt, 3 * n, gen)), d_dout(randn_buf(dt, n, gen));
+  const AttnStrides sqkv{T * row, D, row}, so = kernels::contiguous_bhtd(s);
+  DevBuf d_qkv(randn_buf(dt, B * T * row, gen)), d_dout(randn_buf(dt, n, gen));
   const auto dev = [es](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * es; };
   std::vector<unsigned char> o_first, lse_first, g_first;
   for (int run = 0; run < 2; ++run) {
     DevBuf d_o(static_cast<size_t>(n) * es), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
-        d_grads(static_cast<size_t>(3 * n) * es),
+        d_grads(static_cast<size_t>(B * T * row) * es),
         scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
     d_o.poison();
     d_lse.poison();
@@ -337,7 +347,7 @@ void check_deterministic(DType dt, int64_t D, AttnPath want) {
     f.dt = dt;
     f.shape = s;
     f.scale = 0.125f;
-    f.q = dev(d_qkv, 0), f.k = dev(d_qkv, H * D), f.v = dev(d_qkv, 2 * H * D);
+    f.q = dev(d_qkv, 0), f.k = dev(d_qkv, H * D), f.v = dev(d_qkv, (H + KH) * D);
     f.sq = f.sk = f.sv = sqkv;
     f.o = d_o.get(), f.so = so;
     f.lse = d_lse.as<float>();
@@ -352,7 +362,7 @@ void check_deterministic(DType dt, int64_t D, AttnPath want) {
     b.o = d_o.get(), b.so = so;
     b.dout = d_dout.get(), b.sdo = so;
     b.lse = d_lse.as<float>();
-    b.dq = dev(d_grads, 0), b.dk = dev(d_grads, H * D), b.dv = dev(d_grads, 2 * H * D);
+    b.dq = dev(d_grads, 0), b.dk = dev(d_grads, H * D), b.dv = dev(d_grads, (H + KH) * D);
     ASSERT_EQ(cuda::attention_backward_path(b), want) << "backward path";
     cuda::attention_backward(b, scratch.as<float>(), nullptr);
     if (run == 0) {
@@ -409,12 +419,74 @@ TEST(CudaAttention, SimtPathOnShapesTheFastPathsTake) {
   run_vs_f64({2, 2, 130, 64, true}, gen, kSimt, 1.0, 0, DType::BF16, -0.125f);
 }
 
+// Grouped-query attention (Note [Grouped-query attention]): H = 4 or 8 query
+// heads over Hkv = H (MHA through the same layout), H / 2 and 1 key/value
+// heads, q/k/v slices of one fused [B, T, H + 2 Hkv, D] projection, on each path.
+TEST(CudaAttention, GroupedQueryTensorCorePathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  for (int64_t Hkv : {4, 2, 1}) {
+    for (int64_t T : {1, 17, 257}) run_vs_f64({2, 4, T, 64, true, Hkv}, gen, kTensorCore);
+    run_vs_f64({1, 4, 150, 32, true, Hkv}, gen, kTensorCore);
+    run_vs_f64({1, 4, 130, 64, true, Hkv}, gen, kTensorCore, 2.5, 8);  // peaked softmax, padded rows
+    run_vs_f64({1, 4, 100, 128, true, Hkv}, gen, {AttnPath::TensorCore, AttnPath::Simt});
+  }
+  run_vs_f64({1, 8, 1024, 64, true, 2}, gen, kTensorCore);  // groups of 4, many query tiles per key tile
+}
+
+TEST(CudaAttention, GroupedQueryF32TiledPathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const DType f32 = DType::F32;
+  for (int64_t Hkv : {4, 2, 1}) {
+    for (int64_t T : {1, 17, 257}) run_vs_f64({2, 4, T, 64, true, Hkv}, gen, kF32Tiled, 1.0, 0, f32);
+    run_vs_f64({1, 4, 150, 32, true, Hkv}, gen, kF32Tiled, 1.0, 0, f32);
+    run_vs_f64({1, 4, 130, 64, true, Hkv}, gen, kF32Tiled, 2.5, 4, f32);  // peaked softmax, padded rows
+  }
+  run_vs_f64({1, 8, 1024, 64, true, 2}, gen, kF32Tiled, 1.0, 0, f32);
+}
+
+TEST(CudaAttention, GroupedQuerySimtPathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  for (DType dt : {DType::BF16, DType::F32})
+    for (int64_t Hkv : {4, 2, 1}) {
+      run_vs_f64({2, 4, 100, 64, true, Hkv}, gen, kSimt, 1.0, 1, dt);         // unaligned rows
+      run_vs_f64({1, 4, 70, 40, true, Hkv}, gen, kSimt, 1.0, 0, dt);          // D padded to 64
+      run_vs_f64({2, 4, 1, 32, true, Hkv}, gen, kSimt, 1.0, 0, dt, 0.0f, 1);  // misaligned start
+    }
+}
+
+TEST(CudaAttention, GroupedQueryBackwardIsDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  for (int64_t Hkv : {2, 1}) {
+    check_deterministic(DType::BF16, 64, AttnPath::TensorCore, Hkv);
+    check_deterministic(DType::F32, 64, AttnPath::F32Tiled, Hkv);
+    check_deterministic(DType::F32, 32, AttnPath::F32Tiled, Hkv);
+  }
+}
+
 TEST(CudaAttention, RejectsHeadDimAbove128) {
   BT_SKIP_WITHOUT_GPU();
   DevBuf d(1 << 16);
   AttnForward f;
   f.shape = {1, 1, 4, 256};
   f.sq = f.sk = f.sv = f.so = kernels::contiguous_bhtd(f.shape);
+  f.q = f.k = f.v = d.get();
+  f.o = d.get();
+  EXPECT_THROW(cuda::attention_forward(f, nullptr), bt::Error);
+}
+
+TEST(CudaAttention, RejectsKeyValueHeadsNotDividingQueryHeads) {
+  BT_SKIP_WITHOUT_GPU();
+  DevBuf d(1 << 16);
+  AttnForward f;
+  f.shape = {1, 4, 4, 64, 3};
+  f.sq = f.so = kernels::contiguous_bhtd(f.shape);
+  f.sk = f.sv = kernels::contiguous_kv_bhtd(f.shape);
   f.q = f.k = f.v = d.get();
   f.o = d.get();
   EXPECT_THROW(cuda::attention_forward(f, nullptr), bt::Error);

@@ -29,6 +29,13 @@ TEST(Errors, ShapeMismatch) {
   EXPECT_ERROR_HAS(zeros({6}).view({4, -1}), "cannot reshape");
   EXPECT_ERROR_HAS(causal_attention(zeros({1, 1, 2, 4}), zeros({1, 1, 3, 4}), zeros({1, 1, 2, 4})),
                    "one shape");
+  EXPECT_ERROR_HAS(
+      grouped_query_attention(zeros({1, 2, 4, 8}), zeros({1, 2, 3, 8}), zeros({1, 2, 3, 8})),
+      "grouped_query_attention: the 3 key/value heads of k and v must divide the 4 query heads of q");
+  EXPECT_ERROR_HAS(grouped_query_attention(zeros({1, 2, 4, 8}), zeros({1, 2, 2, 8}), zeros({1, 2, 1, 8})),
+                   "k and v must have one shape");
+  EXPECT_ERROR_HAS(grouped_query_attention(zeros({1, 2, 4, 8}), zeros({1, 3, 2, 8}), zeros({1, 3, 2, 8})),
+                   "but for the number of heads");
 }
 
 TEST(Errors, DTypeMismatch) {

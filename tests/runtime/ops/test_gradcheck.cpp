@@ -132,6 +132,65 @@ TEST(Gradcheck, CausalAttention) {
       gradcheck([](const V& v) { return causal_self_attention(v[0], 2); }, {leaf({2, 5, 3 * 2 * 4}, 61)}));
 }
 
+TEST(Gradcheck, GroupedQueryAttention) {
+  // H = 4 query heads over Hkv = 2 and 1 key/value heads, [B, T, heads, D].
+  for (int64_t Hkv : {2, 1}) {
+    SCOPED_TRACE(Hkv);
+    EXPECT_TRUE(gradcheck([](const V& v) { return grouped_query_attention(v[0], v[1], v[2]); },
+                          {leaf({2, 5, 4, 3}, 70), leaf({2, 5, Hkv, 3}, 71), leaf({2, 5, Hkv, 3}, 72)}));
+    // The [B, heads, T, D] form.
+    EXPECT_TRUE(gradcheck([](const V& v) { return causal_attention(v[0], v[1], v[2]); },
+                          {leaf({1, 4, 5, 3}, 73), leaf({1, Hkv, 5, 3}, 74), leaf({1, Hkv, 5, 3}, 75)}));
+  }
+  // q, k, v as strided slices of one fused [B, T, (H + 2 Hkv) D] projection.
+  EXPECT_TRUE(gradcheck(
+      [](const V& v) {
+        Tensor qkv = v[0].view({1, 6, 4 + 2 * 2, 3});
+        return grouped_query_attention(qkv.narrow(2, 0, 4), qkv.narrow(2, 4, 2), qkv.narrow(2, 6, 2));
+      },
+      {leaf({1, 6, (4 + 2 * 2) * 3}, 76)}));
+}
+
+/// K/V [B, T, Hkv, D] with each head repeated G times: [B, T, H, D], head h
+/// holding head h / G (a copy whose backward sums the G gradients).
+Tensor repeat_heads(const Tensor& x, int64_t G) {
+  const int64_t B = x.size(0), T = x.size(1), Hkv = x.size(2), D = x.size(3);
+  return x.unsqueeze(3).expand({B, T, Hkv, G, D}).reshape({B, T, Hkv * G, D});
+}
+
+TEST(Attention, GroupedQueryEqualsMultiHeadOnRepeatedKeyValueHeads) {
+  for (DType dt : {DType::F32, DType::F64})
+    for (int64_t Hkv : {2, 1}) {
+      SCOPED_TRACE(bt::cat(dtype_name(dt), " Hkv ", Hkv));
+      const int64_t G = 4 / Hkv;
+      auto make = [&](const Shape& shape, uint64_t seed) {
+        return leaf(shape, seed).to(dt).detach().requires_grad_();
+      };
+      Tensor q = make({2, 9, 4, 8}, 80), k = make({2, 9, Hkv, 8}, 81), v = make({2, 9, Hkv, 8}, 82);
+      Tensor w = leaf({2, 9, 4, 8}, 83).to(dt).detach();
+      Tensor gqa = grouped_query_attention(q, k, v);
+      sum(mul(gqa, w)).backward();
+      const Tensor dq = q.grad().clone(), dk = k.grad().clone(), dv = v.grad().clone();
+      q.zero_grad(), k.zero_grad(), v.zero_grad();
+      Tensor mha = grouped_query_attention(q, repeat_heads(k, G), repeat_heads(v, G));
+      sum(mul(mha, w)).backward();
+      // The same arithmetic for every query head: forward and dq bitwise; dk
+      // and dv sum the same terms in another order.
+      EXPECT_EQ(gqa.to(DType::F64).to_vector<double>(), mha.to(DType::F64).to_vector<double>());
+      EXPECT_EQ(dq.to(DType::F64).to_vector<double>(), q.grad().to(DType::F64).to_vector<double>());
+      const double tol = dt == DType::F64 ? 1e-13 : 1e-5;
+      auto max_diff = [](const Tensor& a, const Tensor& b) {
+        const std::vector<double> x = a.to(DType::F64).to_vector<double>(),
+                                  y = b.to(DType::F64).to_vector<double>();
+        double m = 0;
+        for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+        return m;
+      };
+      EXPECT_LT(max_diff(dk, k.grad()), tol) << "dk";
+      EXPECT_LT(max_diff(dv, v.grad()), tol) << "dv";
+    }
+}
+
 TEST(Attention, SelfAttentionEqualsAttentionOnSlicedHeads) {
   Tensor qkv = leaf({2, 7, 3 * 3 * 4}, 62);
   Tensor fused = causal_self_attention(qkv, 3);

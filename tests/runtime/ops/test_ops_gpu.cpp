@@ -190,6 +190,9 @@ TEST_P(OpsGpu, TransformerOps) {
   compare(
       "self_attention", [](auto& v) { return causal_self_attention(v[0], 3); }, {{2, 130, 3 * 3 * 64}}, dt,
       dt == DType::F32 ? 1e-4 : 2e-2);
+  compare(
+      "grouped_query_attention", [](auto& v) { return grouped_query_attention(v[0], v[1], v[2]); },
+      {{2, 130, 4, 64}, {2, 130, 2, 64}, {2, 130, 2, 64}}, dt, dt == DType::F32 ? 1e-4 : 2e-2);
   Tensor idx = from_vector<int32_t>({3, 0, 3, 9, 3, 1, 0}, {7});
   compare("embedding", [](auto& v) { return embedding(v[0], v[1]); }, {{10, 48}}, dt, tol, {idx});
   Tensor tg = from_vector<int32_t>({5, 0, -1, 99, 42}, {5});
