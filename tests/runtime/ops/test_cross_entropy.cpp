@@ -66,7 +66,7 @@ TEST(CrossEntropy, AnotherIncomingGradientIsRescaled) {
 TEST(CrossEntropy, ARetainedGraphBackpropagatesTwice) {
   for (float incoming : {1.0f, 0.5f}) {
     const CeRun plain = run_ce(DType::F32, false, 0, incoming, 2),
-              fused = run_ce(DType::F32, true, 1.0f, incoming, 2);
+                fused = run_ce(DType::F32, true, 1.0f, incoming, 2);
     EXPECT_EQ(fused.grad, plain.grad) << incoming;  // both hold twice one pass's gradient
   }
 }

@@ -89,8 +89,7 @@ TEST(Linear, Bf16BiasSumIntoF32) {
     sum(randn({4}), {0}, false, DType::BF16);
     ADD_FAILURE() << "f32 into bf16 was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sum: f32 into bf16 is not supported"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("sum: f32 into bf16 is not supported"), std::string::npos)
         << e.what();
   }
 }
