@@ -48,9 +48,12 @@
 //   but only requests on that stream, which after the capture runs nothing
 //   but replays, could take them. What a capture must not do is touch events
 //   (querying one recorded by the capture is an error) or synchronize: the
-//   pool skips its lazy event collection, refuses to free a block another
-//   stream used (that needs an event), and its out-of-memory path, which
-//   synchronizes, fails with a message instead.
+//   pool skips its lazy event collection; a block another stream used
+//   (record_stream) that is freed during the capture gets no event, since
+//   none could mark the end of work that has not run, and stays out of
+//   circulation (kPending with no event) for the pool's lifetime -- freeing
+//   happens in destructors, so refusing it would abort the process; and the
+//   out-of-memory path, which synchronizes, fails with a message instead.
 
 #include "runtime/alloc/caching_pool.h"
 
@@ -154,9 +157,11 @@ bool CachingPool::deallocate_if_owned(void* p) {
     free_block(b);  // reusable by its own stream at once (stream order)
     return true;
   }
-  BT_CHECK(!capture_underway(), "freeing a ", format_bytes(b->size), " block on ", backing_.name(),
-           " that another stream used (record_stream) while a CUDA graph is captured; this step cannot be "
-           "captured: set train.cuda_graph: false");
+  if (capture_underway()) {  // Note [Allocation under capture]: no event could mark its last use
+    b->stream_uses.clear();
+    b->state = BlockState::kPending;  // with no event: out of circulation for the pool's lifetime
+    return true;
+  }
   std::vector<uintptr_t> uses;
   uses.swap(b->stream_uses);
   b->state = BlockState::kPending;

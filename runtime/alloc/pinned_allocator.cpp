@@ -81,11 +81,14 @@ class PinnedAllocator final : public Allocator {
       cache(ptr, b);
       return;
     }
-    // An event recorded by a capture could never be waited for (Note
-    // [Allocation under capture] in runtime/alloc/caching_pool.cpp).
-    BT_CHECK(!capture_underway(),
-             "freeing pinned host memory that a CUDA stream used while a CUDA graph is "
-             "captured; this step cannot be captured: set train.cuda_graph: false");
+    if (capture_underway()) {
+      // No event could mark the end of captured copies that have not run
+      // (Note [Allocation under capture] in runtime/alloc/caching_pool.cpp):
+      // the block leaves circulation (pending, with no event) for good.
+      b.uses.clear();
+      b.state = State::kPending;
+      return;
+    }
     b.state = State::kPending;
     std::vector<Stream> uses;
     uses.swap(b.uses);

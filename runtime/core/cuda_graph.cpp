@@ -12,15 +12,12 @@
 namespace bt {
 namespace {
 std::atomic<int> g_captures{0};
-
-/// Counts a capture as under way for its lifetime.
-struct CaptureMark {
-  CaptureMark() { ++g_captures; }
-  ~CaptureMark() { --g_captures; }
-};
 }  // namespace
 
 bool capture_underway() { return g_captures.load(std::memory_order_relaxed) > 0; }
+
+CaptureScope::CaptureScope() { ++g_captures; }
+CaptureScope::~CaptureScope() { --g_captures; }
 
 CudaGraph::~CudaGraph() {
   try {
@@ -46,7 +43,7 @@ void CudaGraph::capture(const Stream& s, const std::function<void()>& fn) {
   reset();
   auto cs = static_cast<cudaStream_t>(s.handle());
   StreamGuard g(s);
-  CaptureMark mark;
+  CaptureScope mark;
   // Relaxed: the caching allocator may take a new segment (cudaMalloc) during
   // the capture, and the data loader's thread keeps pinning host memory.
   BT_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed));

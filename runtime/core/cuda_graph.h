@@ -17,6 +17,16 @@ namespace bt {
 /// the embedding leaves its index check to the caller.
 bool capture_underway();
 
+/// Marks a capture as under way for its lifetime (CudaGraph::capture holds
+/// one; tests of code that must behave under capture hold one without CUDA).
+class CaptureScope {
+ public:
+  CaptureScope();
+  ~CaptureScope();
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+};
+
 class CudaGraph {
  public:
   CudaGraph() = default;
