@@ -98,10 +98,10 @@ struct AttnBackward {
   AttnStrides sdv;
 };
 
-/// The CUDA implementations of attention (kernels/cuda/attention.cu dispatches):
+/// The CUDA implementations of attention (kernels/cuda/attention/attention.cu dispatches):
 enum class AttnPath {
-  TensorCore,  // BF16 on the tensor cores, mma.sync (kernels/cuda/attention_mma.cu)
-  F32Tiled,    // F32, register-tiled strict fp32 (kernels/cuda/attention_f32.cu)
+  TensorCore,  // BF16 on the tensor cores, mma.sync (kernels/cuda/attention/attention_mma.cu)
+  F32Tiled,    // F32, register-tiled strict fp32 (kernels/cuda/attention/attention_f32.cu)
   Simt,        // the one-row-per-lane SIMT kernels: every call the other two do not take
 };
 /// "tensor-core", "f32-tiled" or "simt".

@@ -58,7 +58,7 @@ enum class GemmMath : uint8_t {
 // below one TF32 product, and GPT-2 124M's per-step losses stayed within
 // 4.4e-7 of PyTorch's strict fp32 over 20 steps. The cost is three times the
 // tensor-core work, and on CUDA a pass that writes the split operands
-// into scratch (kernels/cuda/gemm_x3.cu: why one GEMM over 3K). Non-finite
+// into scratch (kernels/cuda/gemm/gemm_x3.cu: why one GEMM over 3K). Non-finite
 // inputs give non-finite results, but an inf may come out as NaN (inf * 0 in
 // a small product), and a finite |x| within 2^-12 of FLT_MAX has an infinite
 // big part.
@@ -202,7 +202,7 @@ namespace cuda {
 /// more would be needed).
 size_t gemm_scratch_floats(const GemmArgs& args);
 /// The size of each piece a Tf32x3 GEMM runs in, in batch items, rows and
-/// columns of C, and K (Note [One GEMM over 3K] in kernels/cuda/gemm_x3.cu), with
+/// columns of C, and K (Note [One GEMM over 3K] in kernels/cuda/gemm/gemm_x3.cu), with
 /// `scratch_floats` of scratch when that is less than gemm_scratch_floats(args)
 /// (else with what it asks for). Host code: no GPU needed.
 struct GemmPieces {

@@ -2,7 +2,7 @@
 // the shape check every backend shares. Plain C++ on the call's description,
 // so every build compiles it and its test
 // (tests/kernels/common/test_attention_path.cpp) runs without a GPU;
-// kernels/cuda/attention.cu switches on it, so the test checks what runs.
+// kernels/cuda/attention/attention.cu switches on it, so the test checks what runs.
 //
 // The two tiled implementations move every row of every view with 16-byte
 // loads and stores (cp.async and vector stores), and are compiled for a few

@@ -1,5 +1,5 @@
 // Rounding fp32 to TF32 and the 3xTF32 split of an operand (Note [3xTF32] in
-// kernels/gemm.h), on the host. The CUDA split in kernels/cuda/gemm_x3.cu rounds
+// kernels/gemm.h), on the host. The CUDA split in kernels/cuda/gemm/gemm_x3.cu rounds
 // with cvt.rna.tf32.f32, the same rounding: to nearest, ties away from zero.
 // A TF32 value is an fp32 whose low 13 mantissa bits are zero; fp32 operands
 // that are TF32 values go through a TF32 tensor core unchanged, whatever it

@@ -9,7 +9,7 @@
 
 #include "kernels/common/tf32.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/gemm_internal.cuh"
+#include "kernels/cuda/gemm/gemm_internal.cuh"
 
 namespace bt::kernels::cuda {
 namespace {

@@ -17,7 +17,7 @@
 // product with the epilogue as a small kernel.
 //
 // GemmMath::Tf32x3 runs in gemm_x3.cu, and the epilogues cuBLASLt does not
-// fuse in gemm_epilogue.cu (kernels/cuda/gemm_internal.cuh).
+// fuse in gemm_epilogue.cu (kernels/cuda/gemm/gemm_internal.cuh).
 //
 // An F32 C with BF16 A and B (GemmArgs::c_dtype) is only a C/D layout of
 // CUDA_R_32F under the same CUBLAS_COMPUTE_32F: cuBLASLt supports that
@@ -28,7 +28,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/gemm_internal.cuh"
+#include "kernels/cuda/gemm/gemm_internal.cuh"
 #include "kernels/gemm.h"
 
 namespace bt::kernels::cuda {

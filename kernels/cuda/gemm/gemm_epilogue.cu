@@ -4,7 +4,7 @@
 // gradient summed by the reduction kernel (Note [Fused bias gradient], Note
 // [GELU-gradient epilogue]).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/gemm_internal.cuh"
+#include "kernels/cuda/gemm/gemm_internal.cuh"
 #include "kernels/reduce.h"
 
 namespace bt::kernels::cuda {

@@ -1,6 +1,6 @@
 // Causal attention in strict fp32 (FFMA only: no TF32, no tensor cores),
 // register-tiled like a SIMT GEMM, in the FlashAttention-2 form. Dispatched
-// from kernels/cuda/attention.cu for F32 with D in {32, 64}, a finite scale and
+// from kernels/cuda/attention/attention.cu for F32 with D in {32, 64}, a finite scale and
 // 16-byte aligned rows (attention_*_path, kernels/attention.h); the
 // one-row-per-lane SIMT kernels there handle everything else.
 //
@@ -55,8 +55,8 @@
 #include <climits>
 #include <cmath>
 
-#include "kernels/cuda/attention_f32.cuh"
-#include "kernels/cuda/attention_tiled.cuh"
+#include "kernels/cuda/attention/attention_f32.cuh"
+#include "kernels/cuda/attention/attention_tiled.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 

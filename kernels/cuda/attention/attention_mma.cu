@@ -1,7 +1,7 @@
 // Causal attention on the tensor cores (BF16, fp32 accumulation), in the
 // FlashAttention-2 form, with mma.sync.m16n8k16 + ldmatrix + cp.async
 // (kernels/cuda/mma.cuh has the PTX and the fragment layouts). Dispatched from
-// kernels/cuda/attention.cu when attention_*_path() (kernels/attention.h) says
+// kernels/cuda/attention/attention.cu when attention_*_path() (kernels/attention.h) says
 // the rows are 16-byte aligned and D is supported; the SIMT kernels there
 // handle everything else.
 //
@@ -56,8 +56,8 @@
 #include <climits>
 #include <cmath>
 
-#include "kernels/cuda/attention_mma.cuh"
-#include "kernels/cuda/attention_tiled.cuh"
+#include "kernels/cuda/attention/attention_mma.cuh"
+#include "kernels/cuda/attention/attention_tiled.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 

@@ -3,9 +3,9 @@
 // attention_*_path (kernels/common/attention_path.cpp, host code in every
 // build) picks the implementation:
 //   - BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), a finite
-//     scale > 0 and 16-byte aligned rows: the tensor cores, kernels/cuda/attention_mma.cu;
+//     scale > 0 and 16-byte aligned rows: the tensor cores, kernels/cuda/attention/attention_mma.cu;
 //   - F32 with D in {32, 64}, a finite scale and 16-byte aligned rows: the
-//     register-tiled strict-fp32 kernels, kernels/cuda/attention_f32.cu.
+//     register-tiled strict-fp32 kernels, kernels/cuda/attention/attention_f32.cu.
 // Both compute the backward's Di in their dQ pass, into the same scratch.
 //
 // SIMT kernels:
@@ -29,8 +29,8 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
-#include "kernels/cuda/attention_f32.cuh"
-#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention/attention_f32.cuh"
+#include "kernels/cuda/attention/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace bt::kernels::cuda {

@@ -1,6 +1,6 @@
 // Internal entry points of the register-tiled fp32 causal attention in
-// kernels/cuda/attention_f32.cu (strict fp32: FFMA only, no tensor cores);
-// kernels/cuda/attention.cu dispatches to them and keeps the one-row-per-lane
+// kernels/cuda/attention/attention_f32.cu (strict fp32: FFMA only, no tensor cores);
+// kernels/cuda/attention/attention.cu dispatches to them and keeps the one-row-per-lane
 // SIMT kernels as the general fallback. Not a public header.
 #pragma once
 

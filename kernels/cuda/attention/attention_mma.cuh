@@ -1,5 +1,5 @@
 // Internal entry points of the tensor-core (mma.sync) causal attention in
-// kernels/cuda/attention_mma.cu; kernels/cuda/attention.cu dispatches to them
+// kernels/cuda/attention/attention_mma.cu; kernels/cuda/attention/attention.cu dispatches to them
 // and keeps the SIMT kernels as the general fallback. Not a public header.
 #pragma once
 
