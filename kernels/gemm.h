@@ -122,7 +122,7 @@ struct GemmArgs {
 // (kernels/reduce.h), so its bits do not change with the fusion.
 
 // Note [GELU-gradient epilogue]
-// The MLP's backward (Note [Fused MLP backward], runtime/ops/mlp.cpp) needs
+// The MLP's backward (Note [Fused MLP backward], runtime/ops/nn/mlp.cpp) needs
 // dPre = gelu'(pre) * (dY W2), the GEMM of the second layer's input gradient
 // times the GELU's derivative at its input, and the first layer's bias
 // gradient, the column sums of dPre. DGeluBgrad asks one GEMM for both. On

@@ -76,7 +76,7 @@ __global__ void ce_rescale_kernel(T* d, int64_t n, const float* __restrict__ g, 
 
 /// One row per block: lse and loss; with kGrad also the gradient times `dl`
 /// into `dlogits` (which may be the logits: Note [Gradient in the forward
-/// pass] in runtime/ops/cross_entropy.cpp), from the lse just computed, as
+/// pass] in runtime/ops/nn/cross_entropy.cpp), from the lse just computed, as
 /// ce_bwd_kernel would write it.
 template <typename T, bool kVec, bool kGrad>
 __global__ void __launch_bounds__(kThreads)

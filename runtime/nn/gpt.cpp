@@ -5,13 +5,13 @@
 #include "kernels/common/error.h"
 #include "runtime/autograd/checkpoint.h"
 #include "runtime/core/profiler.h"
-#include "runtime/ops/attention.h"
-#include "runtime/ops/cross_entropy.h"
 #include "runtime/ops/elementwise.h"
-#include "runtime/ops/embedding.h"
-#include "runtime/ops/layernorm.h"
 #include "runtime/ops/matmul.h"
-#include "runtime/ops/mlp.h"
+#include "runtime/ops/nn/attention.h"
+#include "runtime/ops/nn/cross_entropy.h"
+#include "runtime/ops/nn/embedding.h"
+#include "runtime/ops/nn/layernorm.h"
+#include "runtime/ops/nn/mlp.h"
 
 namespace bt::nn {
 

@@ -10,7 +10,7 @@
 //
 // Note [f32 LayerNorm parameters]: under Precision::BF16 the LayerNorm weights
 // and biases are not cast: the kernels read the f32 masters with bf16
-// activations and write their gradients in f32 (runtime/ops/layernorm.h), so
+// activations and write their gradients in f32 (runtime/ops/nn/layernorm.h), so
 // neither a cast nor its backward runs for them. A weight source must hand
 // them out in f32 too (keeps_f32(): ZeRO-3 gathers them apart), or a sharded
 // run would compute with other bits than one process.
@@ -31,7 +31,7 @@
 #include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
 #include "runtime/nn/weight_source.h"
-#include "runtime/ops/layernorm.h"
+#include "runtime/ops/nn/layernorm.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt::nn {

@@ -7,8 +7,8 @@
 #include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
 #include "runtime/ops/dispatch.h"
-#include "runtime/ops/gelu.h"
 #include "runtime/ops/gemm_call.h"
+#include "runtime/ops/nn/gelu.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/ops/embedding.h"
+#include "runtime/ops/nn/embedding.h"
 
 #include "kernels/embedding.h"
 #include "runtime/autograd/function.h"

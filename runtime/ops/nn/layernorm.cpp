@@ -1,4 +1,4 @@
-#include "runtime/ops/layernorm.h"
+#include "runtime/ops/nn/layernorm.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "runtime/ops/mlp.h"
+#include "runtime/ops/nn/mlp.h"
 
 #include <algorithm>
 #include <tuple>
@@ -7,8 +7,8 @@
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/recompute.h"
 #include "runtime/ops/dispatch.h"
-#include "runtime/ops/gelu.h"
 #include "runtime/ops/gemm_call.h"
+#include "runtime/ops/nn/gelu.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt {

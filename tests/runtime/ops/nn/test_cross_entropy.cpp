@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/bt.h"
-#include "runtime/ops/cross_entropy.h"
+#include "runtime/ops/nn/cross_entropy.h"
 
 namespace bt {
 namespace {

@@ -1,6 +1,6 @@
 // The transformer MLP, two linear layers around a GELU, as one
 // differentiable op whose backward takes the GELU's gradient in a GEMM
-// epilogue (Note [Fused MLP backward] in runtime/ops/mlp.cpp).
+// epilogue (Note [Fused MLP backward] in runtime/ops/nn/mlp.cpp).
 #pragma once
 
 #include "runtime/tensor/tensor.h"

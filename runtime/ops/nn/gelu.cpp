@@ -1,4 +1,4 @@
-#include "runtime/ops/gelu.h"
+#include "runtime/ops/nn/gelu.h"
 
 #include "kernels/gelu.h"
 #include "runtime/autograd/function.h"

@@ -1,4 +1,4 @@
-#include "runtime/ops/attention.h"
+#include "runtime/ops/nn/attention.h"
 
 #include <cmath>
 

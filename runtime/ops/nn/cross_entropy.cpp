@@ -1,4 +1,4 @@
-#include "runtime/ops/cross_entropy.h"
+#include "runtime/ops/nn/cross_entropy.h"
 
 #include "kernels/cross_entropy.h"
 #include "runtime/autograd/engine.h"

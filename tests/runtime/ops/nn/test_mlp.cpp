@@ -1,4 +1,4 @@
-// The fused MLP (runtime/ops/mlp.h) against the two linears and the GELU it
+// The fused MLP (runtime/ops/nn/mlp.h) against the two linears and the GELU it
 // replaces, in every recompute mode: in f32 the same bits forward and
 // backward (the CPU's GELU-gradient epilogue is the GELU backward kernel's
 // arithmetic, Note [GELU-gradient epilogue]); in bf16 the same forward bits
