@@ -5,6 +5,7 @@
 // own process, so each side has the GPU to itself. BluTrain's fp32x3 is
 // measured against PyTorch in strict fp32: the numerics it keeps (PyTorch has
 // no error-compensated TF32), and the row says so.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -33,7 +34,39 @@ struct Side {
   double step_ms = 0;
   uint64_t peak_mem = 0;
   std::string note;
+  std::vector<double> runs;  // tokens/s of each run (--repeats), in order
 };
+
+/// One side over its repeated runs: the median tokens/s and step time, the
+/// largest peak memory, every run's tokens/s kept.
+Side combine(const std::vector<Side>& runs) {
+  BT_ASSERT(!runs.empty());
+  auto median = [&](auto field) {
+    std::vector<double> v;
+    for (const Side& r : runs) v.push_back(field(r));
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  Side s;
+  s.tokens_per_s = median([](const Side& r) { return r.tokens_per_s; });
+  s.step_ms = median([](const Side& r) { return r.step_ms; });
+  for (const Side& r : runs) {
+    s.peak_mem = std::max(s.peak_mem, r.peak_mem);
+    s.runs.push_back(r.tokens_per_s);
+  }
+  s.note = runs[0].note;
+  return s;
+}
+
+/// "412.0K", or with several runs "412.0K (364.0-436.0K)": the median and the range.
+std::string tokens_cell(const Side& s) {
+  std::string c = fmt::format("{:.1f}K", s.tokens_per_s / 1e3);
+  if (s.runs.size() > 1)
+    c += fmt::format(" ({:.1f}-{:.1f}K)", *std::min_element(s.runs.begin(), s.runs.end()) / 1e3,
+                     *std::max_element(s.runs.begin(), s.runs.end()) / 1e3);
+  return c;
+}
 
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
@@ -139,6 +172,11 @@ int run_bench(int argc, char** argv) {
       "cuda-graph", "train.cuda_graph settings to measure BluTrain with: on, off or both",
       cli::value<std::string>()->default_value("on"))("device", "cuda, cuda:N or cpu",
                                                       cli::value<std::string>()->default_value("auto"))(
+      "repeats",
+      "runs of each side, BluTrain's and every reference's, interleaved; the table reports the median "
+      "tokens/s "
+      "(and the range) and the largest peak memory",
+      cli::value<int64_t>()->default_value("1"))(
       "reference", "PyTorch references to measure: eager, compile (torch.compile), both or none",
       cli::value<std::string>()->default_value("both"))(
       "reference-script", "the PyTorch reference script",
@@ -162,8 +200,9 @@ int run_bench(int argc, char** argv) {
   const std::string preset = r["preset"].as<std::string>();
   const int64_t B = r["micro-batch"].as<int64_t>(), T = r["seq"].as<int64_t>();
   const int64_t steps = r["steps"].as<int64_t>(), warmup = r["warmup"].as<int64_t>();
-  BT_CHECK(B > 0 && T > 0 && steps > 0 && warmup >= 0,
-           "blutrain bench: --micro-batch, --seq and --steps must be > 0 and --warmup >= 0");
+  const int64_t repeats = r["repeats"].as<int64_t>();
+  BT_CHECK(B > 0 && T > 0 && steps > 0 && warmup >= 0 && repeats > 0,
+           "blutrain bench: --micro-batch, --seq, --steps and --repeats must be > 0 and --warmup >= 0");
   const std::vector<std::string> modes = r.count("no-reference")
                                              ? std::vector<std::string>{}
                                              : reference_modes(r["reference"].as<std::string>());
@@ -217,14 +256,18 @@ int run_bench(int argc, char** argv) {
     parse_precision(p);
     c.train.precision = p;
     const std::string ref_p = reference_precision(p);
+    std::vector<std::vector<Side>> ref_runs(modes.size());
+    for (int64_t rep = 0; rep < repeats; ++rep)
+      for (size_t i = 0; i < modes.size(); ++i)
+        ref_runs[i].push_back(run_reference(
+            fmt::format("{} {} bench --preset {} --precision {} --micro-batch {} --seq {} --steps {} "
+                        "--warmup {} --data {} "
+                        "--device {} --json{} {}",
+                        shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, ref_p, B, T,
+                        steps, warmup, shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu",
+                        modes[i] == "compile" ? " --compile" : "", r["reference-args"].as<std::string>())));
     std::vector<Side> theirs;
-    for (const std::string& m : modes)
-      theirs.push_back(run_reference(fmt::format(
-          "{} {} bench --preset {} --precision {} --micro-batch {} --seq {} --steps {} --warmup {} --data {} "
-          "--device {} --json{} {}",
-          shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, ref_p, B, T, steps, warmup,
-          shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu", m == "compile" ? " --compile" : "",
-          r["reference-args"].as<std::string>())));
+    for (const std::vector<Side>& runs : ref_runs) theirs.push_back(combine(runs));
     const auto mfu = peak_flops(dev, parse_precision(p));
     const double fpt = c.model.flops_per_token(T);
     for (size_t run = 0; run < recompute_modes.size() * graph_modes.size(); ++run) {
@@ -239,8 +282,12 @@ int run_bench(int argc, char** argv) {
           static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
           static_cast<long long>(warmup));
       std::fflush(stdout);
-      const Side ours = run_blutrain(c, warmup, steps);
-      if (dev.is_cuda()) cuda_empty_cache(dev.index);
+      std::vector<Side> our_runs;
+      for (int64_t rep = 0; rep < repeats; ++rep) {
+        our_runs.push_back(run_blutrain(c, warmup, steps));
+        if (dev.is_cuda()) cuda_empty_cache(dev.index);
+      }
+      const Side ours = combine(our_runs);
       nlohmann::ordered_json j;
       j["precision"] = p;
       if (!modes.empty()) j["reference_precision"] = ref_p;
@@ -251,6 +298,7 @@ int run_bench(int argc, char** argv) {
       j["blutrain_tokens_per_s"] = ours.tokens_per_s;
       j["blutrain_step_ms"] = ours.step_ms;
       j["blutrain_peak_mem_bytes"] = ours.peak_mem;
+      if (repeats > 1) j["blutrain_tokens_per_s_runs"] = ours.runs;
       if (mfu) j["blutrain_mfu"] = ours.tokens_per_s * fpt / *mfu;
       // One row per reference (a row without one when there is none): BluTrain's
       // figures, the reference's, and BluTrain's ratio to it.
@@ -263,16 +311,17 @@ int run_bench(int argc, char** argv) {
         if (t) {
           const std::string k = modes[i];
           j[k + "_tokens_per_s"] = t->tokens_per_s;
+          if (repeats > 1) j[k + "_tokens_per_s_runs"] = t->runs;
           j[k + "_peak_mem_bytes"] = t->peak_mem;
           j[k + "_throughput_ratio"] = speed;
           j[k + "_memory_ratio"] = mem;
           j["torch_version"] = t->note;
         }
-        rows.push_back(fmt::format(
-            "| {} | {} | {:.1f}K | {} | {} | {} | {} | {} |", label, name, ours.tokens_per_s / 1e3,
-            t ? fmt::format("{:.1f}K", t->tokens_per_s / 1e3) : "-",
-            t ? fmt::format("**{:.3f}x**", speed) : "-", human_bytes(ours.peak_mem),
-            t ? human_bytes(t->peak_mem) : "-", t && t->peak_mem ? fmt::format("**{:.3f}x**", mem) : "-"));
+        rows.push_back(fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |", label, name,
+                                   tokens_cell(ours), t ? tokens_cell(*t) : "-",
+                                   t ? fmt::format("**{:.3f}x**", speed) : "-", human_bytes(ours.peak_mem),
+                                   t ? human_bytes(t->peak_mem) : "-",
+                                   t && t->peak_mem ? fmt::format("**{:.3f}x**", mem) : "-"));
       }
       results.push_back(j);
     }

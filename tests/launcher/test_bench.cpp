@@ -80,6 +80,36 @@ TEST_F(Bench, BothReferencesRunAndEachGetsItsRatios) {
   EXPECT_NE(r.out.find("| fp32 | torch.compile | "), std::string::npos) << r.out;
 }
 
+// --repeats N runs each side N times, the references interleaved (eager,
+// compile, eager, ...), and reports the median tokens/s with the range and
+// every run in the JSON. The stand-in here answers 1000, 3000, 2000 tokens/s
+// at its first, second and third eager call.
+TEST_F(Bench, RepeatsReportTheMedianAndEveryRun) {
+  std::ofstream(script_)
+      << "import json, sys\n"
+         "calls = sys.argv[0] + '.calls'\n"
+         "open(calls, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+         "n = sum(1 for l in open(calls) if '--compile' not in l)\n"
+         "c = '--compile' in sys.argv\n"
+         "tps = 4000.0 if c else [1000.0, 3000.0, 2000.0][n - 1]\n"
+         "print(json.dumps({'tokens_per_s': tps, 'step_ms': 1.0, 'peak_mem_bytes': 2**20 * n}))\n";
+  const test::CommandResult r = bench("--repeats 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<std::string> c = calls();
+  ASSERT_EQ(c.size(), 6u) << r.out;
+  for (size_t i = 0; i < c.size(); ++i)
+    EXPECT_EQ(c[i].find("--compile") != std::string::npos, i % 2 == 1) << i << ": " << c[i];
+  const nlohmann::json j = result();
+  EXPECT_DOUBLE_EQ(j.at("eager_tokens_per_s").get<double>(), 2000.0);  // the median
+  EXPECT_EQ(j.at("eager_tokens_per_s_runs").get<std::vector<double>>(),
+            (std::vector<double>{1000, 3000, 2000}));
+  EXPECT_EQ(j.at("eager_peak_mem_bytes").get<uint64_t>(), uint64_t{3} << 20);  // the largest
+  EXPECT_EQ(j.at("blutrain_tokens_per_s_runs").size(), 3u);
+  EXPECT_NE(r.out.find("| PyTorch eager | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| 2.0K (1.0-3.0K) |"), std::string::npos) << r.out;
+  EXPECT_NE(bench("--repeats 0").status, 0);
+}
+
 TEST_F(Bench, OneReferenceOrNone) {
   test::CommandResult r = bench("--reference compile");
   ASSERT_EQ(r.status, 0) << r.out;
