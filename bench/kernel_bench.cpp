@@ -9,13 +9,15 @@
 //     ceiling, counting bytes read + written.
 //   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
 //     of the copy bandwidth measured in the same run at the same size.
-//   Causal attention, bf16 and strict f32, GPT-2 124M shape (B 16, H 12,
-//     T 1024, D 64; q/k/v strided slices of a fused [B, T, 3, H, D] buffer),
-//     forward and backward in TFLOP/s: the fast path (bf16: tensor cores; f32:
-//     the register-tiled FFMA kernels) against PyTorch's best SDPA backend for
-//     that dtype and direction, timed in the same run by the reference script
-//     (`gpt2_ref.py attention`: flash, memory-efficient and cuDNN, on q/k/v
-//     views of the same fused layout). Without torch, against the
+//   Causal attention, bf16 and f32 (strict, TF32 and 3xTF32 products), GPT-2
+//     124M shape (B 16, H 12, T 1024, D 64; q/k/v strided slices of a fused
+//     [B, T, 3, H, D] buffer), forward and backward in TFLOP/s: the fast path
+//     (bf16 and TF32 math: tensor cores; strict f32: the register-tiled FFMA
+//     kernels) against PyTorch's best SDPA backend for that dtype and
+//     direction (f32: its memory-efficient kernel, 3xTF32 on sm_80 and later),
+//     timed in the same run by the reference script (`gpt2_ref.py attention`:
+//     flash, memory-efficient and cuDNN, on q/k/v views of the same fused
+//     layout). Without torch, against the
 //     one-row-per-lane SIMT kernel the fast paths replaced (reached by a
 //     t-stride of 3HD + 1, whose unaligned rows they decline). Causal FLOPs:
 //     forward 2 B H T^2 D, backward 2.5x that.
@@ -353,7 +355,16 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
   const std::string size = "B16 H12 T1024 D64";
   const nlohmann::json sdpa = sdpa_times(opt);  // the same shape: gpt2_ref.py attention's defaults
   const auto tf = [](double flops, double t) { return flops / (t * 1e-3) / 1e12; };
-  for (DType dt : {DType::BF16, DType::F32}) {
+  const struct {
+    DType dt;
+    k::GemmMath math;
+    const char* name;
+  } variants[] = {{DType::BF16, k::GemmMath::Strict, "bf16 (causal)"},
+                  {DType::F32, k::GemmMath::Strict, "f32 (strict, causal)"},
+                  {DType::F32, k::GemmMath::Tf32x3, "f32 (3xTF32, causal)"},
+                  {DType::F32, k::GemmMath::Tf32, "f32 (TF32, causal)"}};
+  for (const auto& var : variants) {
+    const DType dt = var.dt;
     const size_t es = bt::dtype_size(dt);
     // Contiguous o, dout and grads (as the runtime allocates them); lse and Di scratch.
     Dev o(n * es), dout(n * es), dq(n * es), dk(n * es), dv(n * es), lse(B * H * T * 4),
@@ -371,6 +382,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
       const k::AttnStrides sqkv{T * row, D, row};
       k::AttnForward f;
       f.dt = dt;
+      f.math = var.math;
       f.shape = shape;
       f.scale = 0.125f;
       f.q = at(0), f.k = at(H * D), f.v = at(2 * H * D);
@@ -380,6 +392,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
       ms[pi][0] = timer.median_ms([&] { k::cuda::attention_forward(f, s); }, s);
       k::AttnBackward b;
       b.dt = dt;
+      b.math = var.math;
       b.shape = shape;
       b.scale = f.scale;
       b.q = f.q, b.k = f.k, b.v = f.v;
@@ -391,7 +404,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
       b.sdq = b.sdk = b.sdv = so;
       ms[pi][1] = timer.median_ms([&] { k::cuda::attention_backward(b, scratch.as<float>(), s); }, s);
     }
-    const std::string name = dt == DType::F32 ? "f32 (strict, causal)" : "bf16 (causal)";
+    const std::string name = var.name;
     const char* key = dt == DType::F32 ? "f32" : "bf16";
     for (int d = 0; d < 2; ++d) {
       const double flops = d == 0 ? fwd_flops : bwd_flops;

@@ -23,6 +23,15 @@
 // G = 1 that loop runs once and every kernel does exactly the arithmetic it did
 // before GQA existed, so MHA results are bitwise unchanged. lse, the
 // backward's Di scratch and everything per query row stay [B, H, T].
+//
+// Note [Attention in fp32]
+// An F32 call's products (S = Q K^T, O = P V and the backward's five) are
+// multiplied as `math` says, as a GEMM's are (kernels/common/gemm_math.h):
+// Strict in fp32 FMAs (the register-tiled kernels), Tf32 as one TF32
+// tensor-core product (about 1e-3 relative error, the tf32 precision's
+// contract), Tf32x3 as 3xTF32 (Note [3xTF32] in kernels/gemm.h: fp32-level
+// error at tensor-core speed). The softmax, the exponentials and every sum
+// are fp32 whatever the math. The CPU computes every F32 call strictly.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +39,7 @@
 #include <ostream>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/gemm_math.h"
 #ifdef BT_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -62,6 +72,7 @@ void check_attn_shape(const AttnShape& s, const char* what);
 
 struct AttnForward {
   DType dt = DType::F32;
+  GemmMath math = GemmMath::Strict;  // F32 on CUDA: how QK^T and PV multiply (Note [Attention in fp32])
   AttnShape shape;
   float scale = 1.0f;
   const void* q = nullptr;
@@ -77,6 +88,7 @@ struct AttnForward {
 
 struct AttnBackward {
   DType dt = DType::F32;
+  GemmMath math = GemmMath::Strict;  // F32 on CUDA, as in AttnForward
   AttnShape shape;
   float scale = 1.0f;
   const void* q = nullptr;
@@ -100,7 +112,7 @@ struct AttnBackward {
 
 /// The CUDA implementations of attention (kernels/cuda/attention/attention.cu dispatches):
 enum class AttnPath {
-  TensorCore,  // BF16 on the tensor cores, mma.sync (kernels/cuda/attention/attention_mma.cu)
+  TensorCore,  // mma.sync (kernels/cuda/attention/attention_mma.cu): BF16, and F32 as TF32 or 3xTF32
   F32Tiled,    // F32, register-tiled strict fp32 (kernels/cuda/attention/attention_f32.cu)
   Simt,        // the one-row-per-lane SIMT kernels: every call the other two do not take
 };

@@ -19,20 +19,13 @@
 #include <optional>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/gemm_math.h"
 #include "kernels/common/widen.h"
 #ifdef BT_CUDA
 #include <cuda_runtime.h>
 #endif
 
 namespace bt::kernels {
-
-/// How an F32 GEMM multiplies (BF16 and F64 ignore it). The precision policy
-/// picks it (runtime/ops/matmul.cpp).
-enum class GemmMath : uint8_t {
-  Strict,  // fp32 FMAs (SGEMM)
-  Tf32,    // one TF32 tensor-core product (CUDA; the CPU computes Strict)
-  Tf32x3,  // error-compensated TF32, on both devices: Note [3xTF32]
-};
 
 // Note [3xTF32]
 // TF32 keeps fp32's 8 exponent bits but 10 of its 23 stored mantissa bits, so

@@ -42,6 +42,15 @@ bool rows_aligned16(std::initializer_list<View> views, const AttnShape& sh, DTyp
 /// of the raw scores for the max of the scaled ones) and finite.
 bool tensor_core_scale(float scale) { return scale > 0.0f && !std::isinf(scale); }
 
+/// F32 with D in {32, 64} and aligned rows: the tensor cores when the math
+/// allows TF32 products and the scale suits them, else the register-tiled
+/// strict kernels (any finite scale). Everything else: the SIMT kernels.
+template <typename Aligned>
+AttnPath f32_path(DType dt, GemmMath math, int64_t D, float scale, const Aligned& aligned) {
+  if (dt != DType::F32 || (D != 32 && D != 64) || !std::isfinite(scale) || !aligned()) return AttnPath::Simt;
+  return math != GemmMath::Strict && tensor_core_scale(scale) ? AttnPath::TensorCore : AttnPath::F32Tiled;
+}
+
 }  // namespace
 
 void check_attn_shape(const AttnShape& s, const char* what) {
@@ -74,9 +83,7 @@ AttnPath attention_forward_path(const AttnForward& a) {
   };
   if (a.dt == DType::BF16 && (D == 32 || D == 64 || D == 128) && tensor_core_scale(a.scale) && aligned())
     return AttnPath::TensorCore;
-  if (a.dt == DType::F32 && (D == 32 || D == 64) && std::isfinite(a.scale) && aligned())
-    return AttnPath::F32Tiled;
-  return AttnPath::Simt;
+  return f32_path(a.dt, a.math, D, a.scale, aligned);
 }
 
 AttnPath attention_backward_path(const AttnBackward& a) {
@@ -95,9 +102,7 @@ AttnPath attention_backward_path(const AttnBackward& a) {
   // The tensor-core backward has no D = 128 configuration (the forward has).
   if (a.dt == DType::BF16 && (D == 32 || D == 64) && tensor_core_scale(a.scale) && aligned())
     return AttnPath::TensorCore;
-  if (a.dt == DType::F32 && (D == 32 || D == 64) && std::isfinite(a.scale) && aligned())
-    return AttnPath::F32Tiled;
-  return AttnPath::Simt;
+  return f32_path(a.dt, a.math, D, a.scale, aligned);
 }
 
 }  // namespace cuda

@@ -1,7 +1,7 @@
 // Tensor-core building blocks (sm_80+ PTX, run as-is on sm_90): asynchronous
-// global -> shared copies (cp.async), ldmatrix, and the bf16 mma.sync
-// m16n8k16 with fp32 accumulation. Not a public header: include it only from
-// kernels/cuda/*.cu.
+// global -> shared copies (cp.async), ldmatrix, the bf16 mma.sync m16n8k16
+// and the tf32 mma.sync m16n8k8, both with fp32 accumulation. Not a public
+// header: include it only from kernels/cuda/*.cu.
 //
 // Fragment layouts of mma.m16n8k16 (lane = 4 * g + t, g = lane / 4, t = lane % 4;
 // each .b32 register holds two bf16, the lower column / k index in the low half):
@@ -9,6 +9,9 @@
 //                            a2 = (row g,     k 2t+8..+9)   a3 = (row g + 8, k 2t+8..+9)
 //   B (16 x 8, "col"):       b0 = (k 2t..2t+1, col g)      b1 = (k 2t+8..+9, col g)
 //   C (16 x 8, fp32):        c0, c1 = (row g, cols 2t, 2t+1)  c2, c3 = (row g + 8, cols 2t, 2t+1)
+// mma.m16n8k8 with TF32 operands (one fp32 register per element): the same C,
+//   A (16 x 8):  a0 = (row g, k t)  a1 = (row g + 8, k t)  a2 = (row g, k t + 4)  a3 = (row g + 8, k t + 4)
+//   B (8 x 8):   b0 = (k t, col g)  b1 = (k t + 4, col g)
 // ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i, and
 // register i of every lane receives matrix i as lane (g, t) -> row g, cols 2t, 2t+1
 // (with .trans: rows 2t, 2t+1 of column g). So a row-major [m][k] tile gives A
@@ -63,6 +66,23 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// d += a * b for one m16n8k8 tile (TF32 operands, fp32 accumulators).
+__device__ __forceinline__ void mma_tf32_1688(float (&d)[4], const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// x rounded to TF32, to nearest with ties away from zero (cvt.rna: the
+/// rounding of round_to_tf32 in kernels/common/tf32.h), as the bits of an fp32.
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
 }
 
 /// Two floats rounded to bf16 (nearest even) in one register, `lo` in the low half.

@@ -1,6 +1,8 @@
 #include "runtime/core/precision.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/common/error.h"
 
@@ -32,6 +34,33 @@ std::string_view precision_name(Precision p) {
       return "bf16";
   }
   return "?";
+}
+
+kernels::GemmMath matmul_math(Precision p) {
+  switch (p) {
+    case Precision::TF32:
+      return kernels::GemmMath::Tf32;
+    case Precision::FP32X3:
+      return kernels::GemmMath::Tf32x3;
+    case Precision::FP32:
+    case Precision::BF16:
+      break;
+  }
+  return kernels::GemmMath::Strict;
+}
+
+kernels::GemmMath attention_math(Precision p, std::string_view mode) {
+  if (mode.empty() || mode == "strict") return kernels::GemmMath::Strict;
+  BT_CHECK(mode == "matmul", "BT_ATTENTION_MATH='", mode, "': use strict (the default) or matmul");
+  return matmul_math(p);
+}
+
+kernels::GemmMath attention_math(Precision p) {
+  static const std::string mode = [] {
+    const char* v = std::getenv("BT_ATTENTION_MATH");
+    return std::string(v ? v : "");
+  }();
+  return attention_math(p, mode);
 }
 
 }  // namespace bt

@@ -3,13 +3,15 @@
 //   tf32    float32 storage, TF32 tensor cores for matmuls
 //   fp32x3  float32 storage and accumulation, fp32-level accuracy; matmuls run
 //           as error-compensated TF32 on the tensor cores (three TF32
-//           products, Note [3xTF32] in kernels/gemm.h); everything else,
-//           attention included, is strict fp32
+//           products, Note [3xTF32] in kernels/gemm.h); attention and
+//           everything else is strict fp32 (attention_math below)
 //   bf16    bf16 compute with fp32 master weights and optimizer state (the
 //           model/optimizer code reads this to decide what to cast)
 #pragma once
 
 #include <string_view>
+
+#include "kernels/common/gemm_math.h"
 
 namespace bt {
 
@@ -20,5 +22,21 @@ void set_precision(Precision p);
 /// Parses "fp32", "tf32", "fp32x3", "bf16"; throws bt::Error naming the bad value.
 Precision parse_precision(std::string_view s);
 std::string_view precision_name(Precision p);
+/// How `p` multiplies f32 matrices, in GEMMs and in attention alike: tf32 on
+/// TF32 tensor cores, fp32x3 as 3xTF32, fp32 (and bf16's f32 leftovers) strictly.
+kernels::GemmMath matmul_math(Precision p);
+/// How `p` multiplies attention's f32 products (Note [Attention in fp32] in
+/// kernels/attention.h), by the mode in BT_ATTENTION_MATH (read once):
+///   strict (or unset)  strictly, in every precision: the default for now.
+///                      The TF32 and 3xTF32 tensor-core kernels exist and are
+///                      tested at the kernel level; the policy hands them
+///                      tf32's and fp32x3's attention once a GPU run has
+///                      measured them in training (bench/RESULTS.md);
+///   matmul             as the GEMMs multiply (matmul_math): to measure those
+///                      kernels in training, side by side with the default.
+/// Another value is an error that names the variable.
+kernels::GemmMath attention_math(Precision p);
+/// The same for an explicit mode ("" is strict).
+kernels::GemmMath attention_math(Precision p, std::string_view mode);
 
 }  // namespace bt

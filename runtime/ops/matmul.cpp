@@ -66,21 +66,6 @@ MatOperand operand(const Tensor& t_in) {
   return op;
 }
 
-/// How the precision policy multiplies f32 matrices: fp32x3 as 3xTF32 (Note
-/// [3xTF32] in kernels/gemm.h), tf32 on TF32 tensor cores, else strict.
-kernels::GemmMath gemm_math(Precision p) {
-  switch (p) {
-    case Precision::TF32:
-      return kernels::GemmMath::Tf32;
-    case Precision::FP32X3:
-      return kernels::GemmMath::Tf32x3;
-    case Precision::FP32:
-    case Precision::BF16:
-      break;
-  }
-  return kernels::GemmMath::Strict;
-}
-
 constexpr std::initializer_list<DType> kGemmTypes = {DType::F32, DType::F64, DType::BF16};
 
 }  // namespace
@@ -89,7 +74,7 @@ namespace detail {
 
 void run_gemm(kernels::GemmArgs& g, const Device& d) {
   if (g.m == 0 || g.n == 0) return;
-  g.math = gemm_math(precision());
+  g.math = matmul_math(precision());
   detail::on_device(
       d, [&] { kernels::cpu::gemm(g); },
       BT_CUDA_LAMBDA(const int64_t n = static_cast<int64_t>(kernels::cuda::gemm_scratch_floats(g));

@@ -2,10 +2,12 @@
 // kernels (fp32 accumulation) that serve every case the two fast paths do not.
 // attention_*_path (kernels/common/attention_path.cpp, host code in every
 // build) picks the implementation:
-//   - BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), a finite
-//     scale > 0 and 16-byte aligned rows: the tensor cores, kernels/cuda/attention/attention_mma.cu;
-//   - F32 with D in {32, 64}, a finite scale and 16-byte aligned rows: the
-//     register-tiled strict-fp32 kernels, kernels/cuda/attention/attention_f32.cu.
+//   - BF16 with D in {32, 64, 128} (forward) / {32, 64} (backward), or F32
+//     with TF32 or 3xTF32 math and D in {32, 64}; a finite scale > 0 and
+//     16-byte aligned rows: the tensor cores, kernels/cuda/attention/attention_mma.cu;
+//   - F32 with D in {32, 64}, a finite scale and 16-byte aligned rows (and
+//     strict math, or a scale <= 0): the register-tiled strict-fp32 kernels,
+//     kernels/cuda/attention/attention_f32.cu.
 // Both compute the backward's Di in their dQ pass, into the same scratch.
 //
 // SIMT kernels:

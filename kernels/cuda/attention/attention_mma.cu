@@ -1,14 +1,19 @@
-// Causal attention on the tensor cores (BF16, fp32 accumulation), in the
-// FlashAttention-2 form, with mma.sync.m16n8k16 + ldmatrix + cp.async
-// (kernels/cuda/mma.cuh has the PTX and the fragment layouts). Dispatched from
-// kernels/cuda/attention/attention.cu when attention_*_path() (kernels/attention.h) says
-// the rows are 16-byte aligned and D is supported; the SIMT kernels there
-// handle everything else.
+// Causal attention on the tensor cores, in the FlashAttention-2 form, with
+// mma.sync + cp.async, written once over the operand type (Ops,
+// kernels/cuda/attention/mma_ops.cuh):
+//   BF16 (fp32 accumulation): mma.m16n8k16, ldmatrix;
+//   F32 as TF32 (GemmMath::Tf32, the tf32 precision) or 3xTF32 (Tf32x3:
+//   fp32x3, and strict fp32's attention, Note [Attention in fp32] in
+//   kernels/attention.h): mma.m16n8k8, fp32 tiles, the operands rounded or
+//   split in registers.
+// Dispatched from kernels/cuda/attention/attention.cu when attention_*_path()
+// (kernels/attention.h) says the rows are 16-byte aligned and D is
+// supported; the SIMT kernels there handle everything else.
 //
-// Shared-memory tiles. Every tile is [rows][D] bf16, row-major, loaded with
-// 16-byte cp.async (rows past T are zero-filled). The 16-byte chunk c of row r
-// is stored at chunk c ^ (r & 7) (D >= 64) or c ^ ((r >> 1) & 3) (D = 32), so
-// the 8 row addresses of every ldmatrix hit 8 different bank groups.
+// Shared-memory tiles. Every tile is [rows][D] elements, row-major, loaded
+// with 16-byte cp.async (rows past T are zero-filled) and swizzled by 16-byte
+// chunk as Ops::swz says, so the fragment loads are conflict-free. Below, a
+// "k-step" is 16 wide (one bf16 mma, two tf32 ones) and an n-tile 8 columns.
 //
 // Warps own 16-row slabs ("m16"), so everything a warp needs for its softmax is
 // in its own registers: no shared-memory reductions anywhere.
@@ -49,41 +54,42 @@
 // keeps dQ free of atomics. dK and dQ are scaled by `scale` at the end.
 // Exponentials are ex2.approx.ftz with the scale folded into one FFMA.
 //
-// Configurations (attention_*_mma below) were picked by timing variants on an
-// H100 at B 16, H 12, T 1024, D 64: forward 8 warps x 16 rows (BM 128), BN 64,
-// 2 blocks/SM; dQ 4 warps (BM 64), BN 32; dK/dV 4 warps (BN 64), BM 64, with
-// the register cap of 3 blocks/SM.
+// Configurations (forward() and backward() below) were picked by timing
+// variants on an H100 at B 16, H 12, T 1024, D 64. BF16: forward 8 warps x 16
+// rows (BM 128), BN 64, 2 blocks/SM; dQ 4 warps (BM 64), BN 32; dK/dV 4 warps
+// (BN 64), BM 64, with the register cap of 3 blocks/SM. F32: see the
+// BT_ATTN_TF32_* defaults (a tuning run may override them with -D).
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention/attention_mma.cuh"
 #include "kernels/cuda/attention/attention_tiled.cuh"
+#include "kernels/cuda/attention/mma_ops.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+
+// F32 configurations at D = 64: <MT, NW, BN, blocks/SM> (forward), <NW, BN,
+// blocks/SM> (dQ), <NW, BM, blocks/SM> (dK/dV).
+#ifndef BT_ATTN_TF32_FWD64
+#define BT_ATTN_TF32_FWD64 1, 4, 64, 2
+#endif
+#ifndef BT_ATTN_TF32_DQ64
+#define BT_ATTN_TF32_DQ64 4, 32, 2
+#endif
+#ifndef BT_ATTN_TF32_DKDV64
+#define BT_ATTN_TF32_DKDV64 4, 32, 2
+#endif
 
 namespace bt::kernels::cuda::detail {
 namespace {
 
-using MmaFwd = AttnFwdParams<bf16_t>;
-using MmaBwd = AttnBwdParams<bf16_t>;
-
-/// Element offset of chunk `c` (8 bf16) of row `r` in a swizzled [rows][D] tile.
-template <int D>
-__device__ __forceinline__ int swz(int r, int c) {
-  if constexpr (D >= 64) {
-    return r * D + ((c ^ (r & 7)) << 3);
-  } else {
-    static_assert(D == 32, "swizzle for D = 32, 64, 128");
-    return r * D + ((c ^ ((r >> 1) & 3)) << 3);
-  }
-}
-
 /// Async copy of rows [row0, row0 + ROWS) of a [T, D] slab with row stride `st`
 /// into a swizzled tile; rows >= T become zeros. All NT threads take part.
-template <int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile(bf16_t* tile, const bf16_t* g, int64_t st, int64_t row0,
-                                          int64_t T) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+template <class Ops, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(typename Ops::E* tile, const typename Ops::E* g, int64_t st,
+                                          int64_t row0, int64_t T) {
+  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
   static_assert(kTotal % NT == 0, "tile chunks must divide evenly among the threads");
 #pragma unroll
   for (int it = 0; it < kTotal / NT; ++it) {
@@ -91,7 +97,7 @@ __device__ __forceinline__ void load_tile(bf16_t* tile, const bf16_t* g, int64_t
     const int r = i / kChunks, c = i % kChunks;
     const int64_t t = row0 + r;
     const bool ok = t < T;
-    cp_async16(smem_u32(tile + swz<D>(r, c)), g + (ok ? t * st + c * 8 : 0), ok);
+    cp_async16(smem_u32(tile + Ops::template swz<D>(r, c)), g + (ok ? t * st + c * Ops::kChunk : 0), ok);
   }
 }
 
@@ -105,62 +111,28 @@ __device__ __forceinline__ void load_vec(float* dst, const float* src, int64_t r
   }
 }
 
-/// A fragment (16 x 16) of rows r0..r0+15, k-step ks, from a row-major [m][k] tile.
-template <int D>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* tile, int r0, int ks, int lane) {
-  const int r = r0 + (lane & 7) + ((lane >> 3) & 1) * 8;
-  const int c = ks * 2 + ((lane >> 4) & 1);
-  ldmatrix_x4(a, smem_u32(tile + swz<D>(r, c)));
-}
-
-/// B fragments of n-tiles n0 and n0 + 8 at k-step ks from an n-major [n][k]
-/// tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
-template <int D>
-__device__ __forceinline__ void load_b_nmajor(uint32_t (&b)[4], const bf16_t* tile, int n0, int ks,
-                                              int lane) {
-  const int r = n0 + (lane & 7) + ((lane >> 4) & 1) * 8;
-  const int c = ks * 2 + ((lane >> 3) & 1);
-  ldmatrix_x4(b, smem_u32(tile + swz<D>(r, c)));
-}
-
-/// B fragments of n-tiles n0 and n0 + 8 for k rows k0..k0+15 from a k-major
-/// [k][n] tile (through .trans): b[0], b[1] for n0; b[2], b[3] for n0 + 8.
-template <int D>
-__device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[4], const bf16_t* tile, int k0, int n0,
-                                              int lane) {
-  const int r = k0 + (lane & 7) + ((lane >> 3) & 1) * 8;
-  const int c = (n0 >> 3) + ((lane >> 4) & 1);
-  ldmatrix_x4_trans(b, smem_u32(tile + swz<D>(r, c)));
-}
-
-/// The A fragment of one k-step from the two 16 x 8 accumulator tiles that cover it.
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
-  a[0] = pack_bf16(c0[0], c0[1]);
-  a[1] = pack_bf16(c0[2], c0[3]);
-  a[2] = pack_bf16(c1[0], c1[1]);
-  a[3] = pack_bf16(c1[2], c1[3]);
-}
-
-/// Writes a warp's 16 x D fp32 accumulators (times `mul`) as bf16 into rows
+/// Writes a warp's 16 x D fp32 accumulators (times `mul`) into rows
 /// r0..r0+15 of a swizzled tile.
-template <int D>
-__device__ __forceinline__ void stage_acc(bf16_t* tile, int r0, const float (&acc)[D / 8][4], float mul,
-                                          int lane) {
+template <class Ops, int D>
+__device__ __forceinline__ void stage_acc(typename Ops::E* tile, int r0, const float (&acc)[D / 8][4],
+                                          float mul, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      *reinterpret_cast<uint32_t*>(tile + swz<D>(r0 + g + 8 * hf, dt) + 2 * t) =
-          pack_bf16(acc[dt][2 * hf] * mul, acc[dt][2 * hf + 1] * mul);
+    for (int hf = 0; hf < 2; ++hf) {
+      const int col = dt * 8 + 2 * t;
+      Ops::store2(tile + Ops::template swz<D>(r0 + g + 8 * hf, col / Ops::kChunk) + col % Ops::kChunk,
+                  acc[dt][2 * hf] * mul, acc[dt][2 * hf + 1] * mul);
+    }
 }
 
 /// A warp copies rows r0..r0+ROWS-1 of a swizzled tile to global rows
 /// grow0.. (those < T) with 16-byte stores.
-template <int D, int ROWS>
-__device__ __forceinline__ void store_rows(const bf16_t* tile, int r0, bf16_t* g, int64_t st, int64_t grow0,
-                                           int64_t T, int lane) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+template <class Ops, int D, int ROWS>
+__device__ __forceinline__ void store_rows(const typename Ops::E* tile, int r0, typename Ops::E* g,
+                                           int64_t st, int64_t grow0, int64_t T, int lane) {
+  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
   static_assert(kTotal % 32 == 0, "rows * chunks must be a multiple of the warp");
 #pragma unroll
   for (int it = 0; it < kTotal / 32; ++it) {
@@ -168,8 +140,8 @@ __device__ __forceinline__ void store_rows(const bf16_t* tile, int r0, bf16_t* g
     const int r = i / kChunks, c = i % kChunks;
     const int64_t t = grow0 + r;
     if (t < T)
-      *reinterpret_cast<uint4*>(g + t * st + c * 8) =
-          *reinterpret_cast<const uint4*>(tile + swz<D>(r0 + r, c));
+      *reinterpret_cast<uint4*>(g + t * st + c * Ops::kChunk) =
+          *reinterpret_cast<const uint4*>(tile + Ops::template swz<D>(r0 + r, c));
   }
 }
 
@@ -191,33 +163,34 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // ------------------------------------------------------------------ forward
-template <int D, int MT, int NW, int BN, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFwd p) {
+template <class Ops, int D, int MT, int NW, int BN, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnFwdParams<typename Ops::E> p) {
+  using E = typename Ops::E;
   constexpr int kThreads = NW * 32, BM = 16 * MT * NW, KS = D / 16, NTL = BN / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16_t* qs = reinterpret_cast<bf16_t*>(smem_raw);  // [BM][D]
-  bf16_t* ks = qs + BM * D;                          // [2][BN][D]
-  bf16_t* vs = ks + 2 * BN * D;                      // [2][BN][D]
+  E* qs = reinterpret_cast<E*>(smem_raw);  // [BM][D]
+  E* ks = qs + BM * D;                     // [2][BN][D]
+  E* vs = ks + 2 * BN * D;                 // [2][BN][D]
 
   const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
   const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
   const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
   const int64_t q0 = tile * BM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const bf16_t* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
-  const bf16_t* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
+  const E* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const E* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
+  const E* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
 
   const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
   const int nkt = static_cast<int>((kend + BN - 1) / BN);
-  load_tile<D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
-  load_tile<D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
-  load_tile<D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
+  load_tile<Ops, D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
+  load_tile<Ops, D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
+  load_tile<Ops, D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
   cp_async_commit();
 
   const int wrow = warp * 16 * MT;
   const int64_t wq0 = q0 + wrow, wq_last = wq0 + 16 * MT - 1;
-  uint32_t qf[MT][KS][4];
+  typename Ops::A qf[MT][KS];
   float o[MT][DT][4];
   float m[MT][2], l[MT][2];
 #pragma unroll
@@ -234,8 +207,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
     if (kt + 1 < nkt) {
       const int nb = (kt + 1) & 1;
-      load_tile<D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
-      load_tile<D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
+      load_tile<Ops, D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
+      load_tile<Ops, D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -246,10 +219,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk) load_a<D>(qf[mt][kk], qs, wrow + mt * 16, kk, lane);
+        for (int kk = 0; kk < KS; ++kk) Ops::template load_a<D>(qf[mt][kk], qs, wrow + mt * 16, kk, lane);
     }
-    const bf16_t* kb = ks + (kt & 1) * BN * D;
-    const bf16_t* vb = vs + (kt & 1) * BN * D;
+    const E* kb = ks + (kt & 1) * BN * D;
+    const E* vb = vs + (kt & 1) * BN * D;
     if (k0 <= wq_last && wq0 < T) {  // warp-uniform: some key of the tile is visible to the warp
       float s[MT][NTL][4];
 #pragma unroll
@@ -259,17 +232,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
+      for (int kk = 0; kk < KS; ++kk) {
+        typename Ops::AOp qa[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) qa[mt] = Ops::prep(qf[mt][kk]);
 #pragma unroll
         for (int np = 0; np < NTL / 2; ++np) {
-          uint32_t bf[4];
-          load_b_nmajor<D>(bf, kb, np * 16, kk, lane);
+          typename Ops::B bf;
+          Ops::template load_b_nmajor<D>(bf, kb, np * 16, kk, lane);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16_16816(s[mt][2 * np], qf[mt][kk], bf[0], bf[1]);
-            mma_bf16_16816(s[mt][2 * np + 1], qf[mt][kk], bf[2], bf[3]);
+            Ops::template mma<0>(s[mt][2 * np], qa[mt], bf);
+            Ops::template mma<1>(s[mt][2 * np + 1], qa[mt], bf);
           }
         }
+      }
       const bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > T;
       if (need_mask) {
 #pragma unroll
@@ -317,17 +294,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
         // O += P V
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t pa[MT][4];
+        typename Ops::AOp pa[MT];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+        for (int mt = 0; mt < MT; ++mt) {
+          typename Ops::A a;
+          Ops::acc_to_a(a, s[mt][2 * kk], s[mt][2 * kk + 1]);
+          pa[mt] = Ops::prep(a);
+        }
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
-          uint32_t bf[4];
-          load_b_kmajor<D>(bf, vb, kk * 16, dp * 16, lane);
+          typename Ops::B bf;
+          Ops::template load_b_kmajor<D>(bf, vb, kk * 16, dp * 16, lane);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16_16816(o[mt][2 * dp], pa[mt], bf[0], bf[1]);
-            mma_bf16_16816(o[mt][2 * dp + 1], pa[mt], bf[2], bf[3]);
+            Ops::template mma<0>(o[mt][2 * dp], pa[mt], bf);
+            Ops::template mma<1>(o[mt][2 * dp + 1], pa[mt], bf);
           }
         }
       }
@@ -352,20 +333,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const MmaFw
     }
   __syncwarp();
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) stage_acc<D>(qs, wrow + mt * 16, o[mt], 1.0f, lane);
+  for (int mt = 0; mt < MT; ++mt) stage_acc<Ops, D>(qs, wrow + mt * 16, o[mt], 1.0f, lane);
   __syncwarp();
-  store_rows<D, 16 * MT>(qs, wrow, p.o + b * p.so.b + h * p.so.h, p.so.t, wq0, T, lane);
+  store_rows<Ops, D, 16 * MT>(qs, wrow, p.o + b * p.so.b + h * p.so.h, p.so.t, wq0, T, lane);
 }
 
 // ------------------------------------------------------------------ backward: dK, dV
-template <int D, int NW, int BM, int MINB, bool GQA>
-__global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const MmaBwd p) {
+template <class Ops, int D, int NW, int BM, int MINB, bool GQA>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    attn_bwd_dkdv_mma_kernel(const AttnBwdParams<typename Ops::E> p) {
+  using E = typename Ops::E;
   constexpr int kThreads = NW * 32, BN = 16 * NW, KS = D / 16, NQ = BM / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16_t* ks = reinterpret_cast<bf16_t*>(smem_raw);           // [BN][D]
-  bf16_t* vs = ks + BN * D;                                   // [BN][D]
-  bf16_t* qs = vs + BN * D;                                   // [2][BM][D]
-  bf16_t* dos = qs + 2 * BM * D;                              // [2][BM][D]
+  E* ks = reinterpret_cast<E*>(smem_raw);                     // [BN][D]
+  E* vs = ks + BN * D;                                        // [BN][D]
+  E* qs = vs + BN * D;                                        // [2][BM][D]
+  E* dos = qs + 2 * BM * D;                                   // [2][BM][D]
   float* lse_s = reinterpret_cast<float*>(dos + 2 * BM * D);  // [2][BM]
   float* di_s = lse_s + 2 * BM;                               // [2][BM]
 
@@ -376,31 +359,31 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
   const int64_t b = bhk / Hkv, hk = bhk % Hkv, T = p.T;
   const int64_t k0 = tile * BN;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* kg = p.k + b * p.sk.b + hk * p.sk.h;
-  const bf16_t* vg = p.v + b * p.sv.b + hk * p.sv.h;
+  const E* kg = p.k + b * p.sk.b + hk * p.sk.h;
+  const E* vg = p.v + b * p.sv.b + hk * p.sv.h;
 
   // The loop walks the query tiles qt0 .. nqt - 1 of each query head of the
   // group in order (Note [Grouped-query attention]): dK and dV sum over them
   // in the same registers. Query tiles before qt0 see none of the keys.
   // qg, dog, lse_g, di_g point at the head of the next tile to load.
   const int64_t h0 = hk * G, bh0 = b * p.H + h0;
-  const bf16_t* qg = p.q + b * p.sq.b + h0 * p.sq.h;
-  const bf16_t* dog = p.dout + b * p.sdo.b + h0 * p.sdo.h;
+  const E* qg = p.q + b * p.sq.b + h0 * p.sq.h;
+  const E* dog = p.dout + b * p.sdo.b + h0 * p.sdo.h;
   const float* lse_g = p.lse + bh0 * T;
   const float* di_g = p.di + bh0 * T;
 
   const int64_t qt0 = k0 / BM, nqt = (T + BM - 1) / BM;
-  load_tile<D, BN, kThreads>(ks, kg, p.sk.t, k0, T);
-  load_tile<D, BN, kThreads>(vs, vg, p.sv.t, k0, T);
-  load_tile<D, BM, kThreads>(qs, qg, p.sq.t, qt0 * BM, T);
-  load_tile<D, BM, kThreads>(dos, dog, p.sdo.t, qt0 * BM, T);
+  load_tile<Ops, D, BN, kThreads>(ks, kg, p.sk.t, k0, T);
+  load_tile<Ops, D, BN, kThreads>(vs, vg, p.sv.t, k0, T);
+  load_tile<Ops, D, BM, kThreads>(qs, qg, p.sq.t, qt0 * BM, T);
+  load_tile<Ops, D, BM, kThreads>(dos, dog, p.sdo.t, qt0 * BM, T);
   load_vec<BM, kThreads>(lse_s, lse_g, qt0 * BM, T);
   load_vec<BM, kThreads>(di_s, di_g, qt0 * BM, T);
   cp_async_commit();
 
   const int wrow = warp * 16;
   const int64_t wk0 = k0 + wrow;
-  uint32_t kf[KS][4], vf[KS][4];
+  typename Ops::A kf[KS], vf[KS];
   float dk[DT][4], dv[DT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt)
@@ -416,8 +399,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
         const bool next_head = qt + 1 == nqt;  // the next tile is the next head's first
         if (next_head) qg += p.sq.h, dog += p.sdo.h, lse_g += T, di_g += T;
         const int64_t r1 = (next_head ? qt0 : qt + 1) * BM;
-        load_tile<D, BM, kThreads>(qs + nb * BM * D, qg, p.sq.t, r1, T);
-        load_tile<D, BM, kThreads>(dos + nb * BM * D, dog, p.sdo.t, r1, T);
+        load_tile<Ops, D, BM, kThreads>(qs + nb * BM * D, qg, p.sq.t, r1, T);
+        load_tile<Ops, D, BM, kThreads>(dos + nb * BM * D, dog, p.sdo.t, r1, T);
         load_vec<BM, kThreads>(lse_s + nb * BM, lse_g, r1, T);
         load_vec<BM, kThreads>(di_s + nb * BM, di_g, r1, T);
         cp_async_commit();
@@ -429,12 +412,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
       if (gh == 0 && qt == qt0) {
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
-          load_a<D>(kf[kk], ks, wrow, kk, lane);
-          load_a<D>(vf[kk], vs, wrow, kk, lane);
+          Ops::template load_a<D>(kf[kk], ks, wrow, kk, lane);
+          Ops::template load_a<D>(vf[kk], vs, wrow, kk, lane);
         }
       }
-      const bf16_t* qb = qs + buf * BM * D;
-      const bf16_t* dob = dos + buf * BM * D;
+      const E* qb = qs + buf * BM * D;
+      const E* dob = dos + buf * BM * D;
       const float* lb = lse_s + buf * BM;
       const float* db = di_s + buf * BM;
       const int64_t qq0 = qt * BM;
@@ -445,17 +428,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
 #pragma unroll
           for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk)
+        for (int kk = 0; kk < KS; ++kk) {
+          const auto& ka = Ops::prep(kf[kk]);
+          const auto& va = Ops::prep(vf[kk]);
 #pragma unroll
           for (int np = 0; np < NQ / 2; ++np) {
-            uint32_t bf[4];
-            load_b_nmajor<D>(bf, qb, np * 16, kk, lane);
-            mma_bf16_16816(st[2 * np], kf[kk], bf[0], bf[1]);
-            mma_bf16_16816(st[2 * np + 1], kf[kk], bf[2], bf[3]);
-            load_b_nmajor<D>(bf, dob, np * 16, kk, lane);
-            mma_bf16_16816(dpt[2 * np], vf[kk], bf[0], bf[1]);
-            mma_bf16_16816(dpt[2 * np + 1], vf[kk], bf[2], bf[3]);
+            typename Ops::B bf;
+            Ops::template load_b_nmajor<D>(bf, qb, np * 16, kk, lane);
+            Ops::template mma<0>(st[2 * np], ka, bf);
+            Ops::template mma<1>(st[2 * np + 1], ka, bf);
+            Ops::template load_b_nmajor<D>(bf, dob, np * 16, kk, lane);
+            Ops::template mma<0>(dpt[2 * np], va, bf);
+            Ops::template mma<1>(dpt[2 * np + 1], va, bf);
           }
+        }
         const bool need_mask = qq0 < wk0 + 15 || qq0 + BM > T;
 #pragma unroll
         for (int nt = 0; nt < NQ; ++nt) {
@@ -480,18 +466,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
         }
 #pragma unroll
         for (int kk = 0; kk < NQ / 2; ++kk) {
-          uint32_t pa[4], da[4];
-          acc_to_a(pa, st[2 * kk], st[2 * kk + 1]);
-          acc_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
+          typename Ops::A pf, df;
+          Ops::acc_to_a(pf, st[2 * kk], st[2 * kk + 1]);
+          Ops::acc_to_a(df, dpt[2 * kk], dpt[2 * kk + 1]);
+          const auto& pa = Ops::prep(pf);
+          const auto& da = Ops::prep(df);
 #pragma unroll
           for (int dp = 0; dp < DT / 2; ++dp) {
-            uint32_t bf[4];
-            load_b_kmajor<D>(bf, dob, kk * 16, dp * 16, lane);
-            mma_bf16_16816(dv[2 * dp], pa, bf[0], bf[1]);
-            mma_bf16_16816(dv[2 * dp + 1], pa, bf[2], bf[3]);
-            load_b_kmajor<D>(bf, qb, kk * 16, dp * 16, lane);
-            mma_bf16_16816(dk[2 * dp], da, bf[0], bf[1]);
-            mma_bf16_16816(dk[2 * dp + 1], da, bf[2], bf[3]);
+            typename Ops::B bf;
+            Ops::template load_b_kmajor<D>(bf, dob, kk * 16, dp * 16, lane);
+            Ops::template mma<0>(dv[2 * dp], pa, bf);
+            Ops::template mma<1>(dv[2 * dp + 1], pa, bf);
+            Ops::template load_b_kmajor<D>(bf, qb, kk * 16, dp * 16, lane);
+            Ops::template mma<0>(dk[2 * dp], da, bf);
+            Ops::template mma<1>(dk[2 * dp + 1], da, bf);
           }
         }
       }
@@ -499,39 +487,41 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dkdv_mma_kernel(const 
     }
 
   // Epilogue through this warp's rows of the K and V tiles (only this warp read them).
-  stage_acc<D>(ks, wrow, dk, p.scale, lane);
-  stage_acc<D>(vs, wrow, dv, 1.0f, lane);
+  stage_acc<Ops, D>(ks, wrow, dk, p.scale, lane);
+  stage_acc<Ops, D>(vs, wrow, dv, 1.0f, lane);
   __syncwarp();
-  store_rows<D, 16>(ks, wrow, p.dk + b * p.sdk.b + hk * p.sdk.h, p.sdk.t, wk0, T, lane);
-  store_rows<D, 16>(vs, wrow, p.dv + b * p.sdv.b + hk * p.sdv.h, p.sdv.t, wk0, T, lane);
+  store_rows<Ops, D, 16>(ks, wrow, p.dk + b * p.sdk.b + hk * p.sdk.h, p.sdk.t, wk0, T, lane);
+  store_rows<Ops, D, 16>(vs, wrow, p.dv + b * p.sdv.b + hk * p.sdv.h, p.sdv.t, wk0, T, lane);
 }
 
 // ------------------------------------------------------------------ backward: dQ
-template <int D, int NW, int BN, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const MmaBwd p) {
+template <class Ops, int D, int NW, int BN, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    attn_bwd_dq_mma_kernel(const AttnBwdParams<typename Ops::E> p) {
+  using E = typename Ops::E;
   constexpr int kThreads = NW * 32, BM = 16 * NW, KS = D / 16, NTL = BN / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16_t* qs = reinterpret_cast<bf16_t*>(smem_raw);  // [BM][D]
-  bf16_t* dos = qs + BM * D;                         // [BM][D]
-  bf16_t* ks = dos + BM * D;                         // [2][BN][D]
-  bf16_t* vs = ks + 2 * BN * D;                      // [2][BN][D]
+  E* qs = reinterpret_cast<E*>(smem_raw);  // [BM][D]
+  E* dos = qs + BM * D;                    // [BM][D]
+  E* ks = dos + BM * D;                    // [2][BN][D]
+  E* vs = ks + 2 * BN * D;                 // [2][BN][D]
 
   const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
   const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
   const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
   const int64_t q0 = tile * BM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const bf16_t* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
-  const bf16_t* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
-  const bf16_t* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
+  const E* qg = p.q + b * p.sq.b + h * p.sq.h;
+  const E* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
+  const E* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
+  const E* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
 
   const int64_t kend = q0 + BM < T ? q0 + BM : T;
   const int nkt = static_cast<int>((kend + BN - 1) / BN);
-  load_tile<D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
-  load_tile<D, BM, kThreads>(dos, dog, p.sdo.t, q0, T);
-  load_tile<D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
-  load_tile<D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
+  load_tile<Ops, D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
+  load_tile<Ops, D, BM, kThreads>(dos, dog, p.sdo.t, q0, T);
+  load_tile<Ops, D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
+  load_tile<Ops, D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
   cp_async_commit();
 
   const int wrow = warp * 16;
@@ -539,7 +529,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
   // Di = rowsum(dO * O) of this lane's rows g and g + 8 (lane t of the quad
   // takes the 16-byte chunks t, t + 4, ...), kept in registers and written to
   // scratch for the dK/dV pass that runs next.
-  const bf16_t* og = p.o + b * p.so.b + h * p.so.h;
+  const E* og = p.o + b * p.so.b + h * p.so.h;
   float lse2[2], dii[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -548,24 +538,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
     float acc = 0.0f;
     if (ok) {
 #pragma unroll
-      for (int c = tq; c < DT; c += 4) {
-        const uint4 ov = *reinterpret_cast<const uint4*>(og + r * p.so.t + c * 8);
-        const uint4 dv = *reinterpret_cast<const uint4*>(dog + r * p.sdo.t + c * 8);
-        const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-        const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&dv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
-          acc = fmaf(of.x, df.x, acc);
-          acc = fmaf(of.y, df.y, acc);
-        }
-      }
+      for (int c = tq; c < D / Ops::kChunk; c += 4)
+        acc = Ops::dot_chunk(acc, og + r * p.so.t + c * Ops::kChunk, dog + r * p.sdo.t + c * Ops::kChunk);
     }
     dii[hf] = quad_sum(acc);
     lse2[hf] = ok ? p.lse[bh * T + r] * kLog2e : 0.0f;
     if (ok && tq == 0) p.di[bh * T + r] = dii[hf];
   }
-  uint32_t qf[KS][4], dof[KS][4];
+  typename Ops::A qf[KS], dof[KS];
   float dq[DT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt)
@@ -576,8 +556,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
     if (kt + 1 < nkt) {
       const int nb = (kt + 1) & 1;
-      load_tile<D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
-      load_tile<D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
+      load_tile<Ops, D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
+      load_tile<Ops, D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -587,12 +567,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
     if (kt == 0) {
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
-        load_a<D>(qf[kk], qs, wrow, kk, lane);
-        load_a<D>(dof[kk], dos, wrow, kk, lane);
+        Ops::template load_a<D>(qf[kk], qs, wrow, kk, lane);
+        Ops::template load_a<D>(dof[kk], dos, wrow, kk, lane);
       }
     }
-    const bf16_t* kb = ks + (kt & 1) * BN * D;
-    const bf16_t* vb = vs + (kt & 1) * BN * D;
+    const E* kb = ks + (kt & 1) * BN * D;
+    const E* vb = vs + (kt & 1) * BN * D;
     if (k0 <= wq0 + 15 && wq0 < T) {
       float s[NTL][4], dp[NTL][4];
 #pragma unroll
@@ -600,17 +580,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
+      for (int kk = 0; kk < KS; ++kk) {
+        const auto& qa = Ops::prep(qf[kk]);
+        const auto& da = Ops::prep(dof[kk]);
 #pragma unroll
         for (int np = 0; np < NTL / 2; ++np) {
-          uint32_t bf[4];
-          load_b_nmajor<D>(bf, kb, np * 16, kk, lane);
-          mma_bf16_16816(s[2 * np], qf[kk], bf[0], bf[1]);
-          mma_bf16_16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
-          load_b_nmajor<D>(bf, vb, np * 16, kk, lane);
-          mma_bf16_16816(dp[2 * np], dof[kk], bf[0], bf[1]);
-          mma_bf16_16816(dp[2 * np + 1], dof[kk], bf[2], bf[3]);
+          typename Ops::B bf;
+          Ops::template load_b_nmajor<D>(bf, kb, np * 16, kk, lane);
+          Ops::template mma<0>(s[2 * np], qa, bf);
+          Ops::template mma<1>(s[2 * np + 1], qa, bf);
+          Ops::template load_b_nmajor<D>(bf, vb, np * 16, kk, lane);
+          Ops::template mma<0>(dp[2 * np], da, bf);
+          Ops::template mma<1>(dp[2 * np + 1], da, bf);
         }
+      }
       const bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > T;
 #pragma unroll
       for (int nt = 0; nt < NTL; ++nt)
@@ -626,89 +609,125 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_bwd_dq_mma_kernel(const Mm
         }
 #pragma unroll
       for (int kk = 0; kk < NTL / 2; ++kk) {
-        uint32_t da[4];
-        acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
+        typename Ops::A df;
+        Ops::acc_to_a(df, s[2 * kk], s[2 * kk + 1]);
+        const auto& da = Ops::prep(df);
 #pragma unroll
         for (int dd = 0; dd < DT / 2; ++dd) {
-          uint32_t bf[4];
-          load_b_kmajor<D>(bf, kb, kk * 16, dd * 16, lane);
-          mma_bf16_16816(dq[2 * dd], da, bf[0], bf[1]);
-          mma_bf16_16816(dq[2 * dd + 1], da, bf[2], bf[3]);
+          typename Ops::B bf;
+          Ops::template load_b_kmajor<D>(bf, kb, kk * 16, dd * 16, lane);
+          Ops::template mma<0>(dq[2 * dd], da, bf);
+          Ops::template mma<1>(dq[2 * dd + 1], da, bf);
         }
       }
     }
     __syncthreads();
   }
 
-  stage_acc<D>(qs, wrow, dq, p.scale, lane);
+  stage_acc<Ops, D>(qs, wrow, dq, p.scale, lane);
   __syncwarp();
-  store_rows<D, 16>(qs, wrow, p.dq + b * p.sdq.b + h * p.sdq.h, p.sdq.t, wq0, T, lane);
+  store_rows<Ops, D, 16>(qs, wrow, p.dq + b * p.sdq.b + h * p.sdq.h, p.sdq.t, wq0, T, lane);
 }
 
 // ------------------------------------------------------------------ host side
-template <int D, int MT, int NW, int BN, int MINB>
+template <class Ops, int D, int MT, int NW, int BN, int MINB>
 void launch_fwd(const AttnForward& a, cudaStream_t stream) {
+  using E = typename Ops::E;
   constexpr int BM = 16 * MT * NW;
-  MmaFwd p = fwd_params<bf16_t>(a);
+  AttnFwdParams<E> p = fwd_params<E>(a);
   p.tiles = ceil_div(p.T, BM);
-  const size_t smem = static_cast<size_t>(BM + 4 * BN) * D * sizeof(bf16_t);
-  launch(attn_fwd_mma_kernel<D, MT, NW, BN, MINB>,
+  const size_t smem = static_cast<size_t>(BM + 4 * BN) * D * sizeof(E);
+  launch(attn_fwd_mma_kernel<Ops, D, MT, NW, BN, MINB>,
          blocks_for(a.shape, a.shape.H, p.tiles, "attention_forward"), NW * 32, smem, stream, p);
 }
 
 /// dK/dV pass: blocks of 16 * NW keys, query tiles of BM rows.
-template <int D, int NW, int BM, int MINB>
-void launch_dkdv(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
+template <class Ops, int D, int NW, int BM, int MINB>
+void launch_dkdv(const AttnBwdParams<typename Ops::E>& p0, const AttnShape& s, cudaStream_t stream) {
+  using E = typename Ops::E;
+  AttnBwdParams<E> p = p0;
   p.tiles = ceil_div(p.T, 16 * NW);
-  const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BM) * D * sizeof(bf16_t) + 4 * BM * sizeof(float);
+  const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BM) * D * sizeof(E) + 4 * BM * sizeof(float);
   const unsigned blocks = blocks_for(s, p.Hkv, p.tiles, "attention_backward");
   if (p.G > 1)
-    launch(attn_bwd_dkdv_mma_kernel<D, NW, BM, MINB, true>, blocks, NW * 32, smem, stream, p);
+    launch(attn_bwd_dkdv_mma_kernel<Ops, D, NW, BM, MINB, true>, blocks, NW * 32, smem, stream, p);
   else  // MHA: the loop over a group's query heads compiled away
-    launch(attn_bwd_dkdv_mma_kernel<D, NW, BM, MINB, false>, blocks, NW * 32, smem, stream, p);
+    launch(attn_bwd_dkdv_mma_kernel<Ops, D, NW, BM, MINB, false>, blocks, NW * 32, smem, stream, p);
 }
 
 /// dQ pass: blocks of 16 * NW queries, key tiles of BN rows.
-template <int D, int NW, int BN, int MINB>
-void launch_dq(MmaBwd p, const AttnShape& s, cudaStream_t stream) {
+template <class Ops, int D, int NW, int BN, int MINB>
+void launch_dq(const AttnBwdParams<typename Ops::E>& p0, const AttnShape& s, cudaStream_t stream) {
+  using E = typename Ops::E;
+  AttnBwdParams<E> p = p0;
   p.tiles = ceil_div(p.T, 16 * NW);
-  const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BN) * D * sizeof(bf16_t);
-  launch(attn_bwd_dq_mma_kernel<D, NW, BN, MINB>, blocks_for(s, s.H, p.tiles, "attention_backward"), NW * 32,
-         smem, stream, p);
+  const size_t smem = static_cast<size_t>(2 * 16 * NW + 4 * BN) * D * sizeof(E);
+  launch(attn_bwd_dq_mma_kernel<Ops, D, NW, BN, MINB>, blocks_for(s, s.H, p.tiles, "attention_backward"),
+         NW * 32, smem, stream, p);
+}
+
+// Configurations: <D, MT, NW, BN, blocks per SM> (forward), <D, NW, BN or
+// BM, blocks per SM> (dQ, dK/dV).
+template <class Ops>
+void forward(const AttnForward& a, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Ops, Bf16Ops>) {
+    switch (a.shape.D) {
+      case 32:
+        return launch_fwd<Ops, 32, 1, 8, 64, 2>(a, stream);
+      case 64:
+        return launch_fwd<Ops, 64, 1, 8, 64, 2>(a, stream);
+      case 128:
+        return launch_fwd<Ops, 128, 1, 4, 64, 1>(a, stream);
+    }
+  } else {
+    switch (a.shape.D) {
+      case 32:
+        return launch_fwd<Ops, 32, 1, 4, 64, 2>(a, stream);
+      case 64:
+        return launch_fwd<Ops, 64, BT_ATTN_TF32_FWD64>(a, stream);
+    }
+  }
+  BT_ASSERT(false, "attention_forward_mma: unsupported D ", a.shape.D, " for ", dtype_name(a.dt));
+}
+
+template <class Ops>
+void backward(const AttnBackward& a, float* di, cudaStream_t stream) {
+  // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
+  const AttnBwdParams<typename Ops::E> p = bwd_params<typename Ops::E>(a, di);
+  if constexpr (std::is_same_v<Ops, Bf16Ops>) {
+    switch (a.shape.D) {
+      case 32:
+        launch_dq<Ops, 32, 4, 32, 1>(p, a.shape, stream);
+        return launch_dkdv<Ops, 32, 4, 64, 1>(p, a.shape, stream);
+      case 64:
+        launch_dq<Ops, 64, 4, 32, 1>(p, a.shape, stream);
+        return launch_dkdv<Ops, 64, 4, 64, 3>(p, a.shape, stream);  // 3 blocks/SM beat no spills
+    }
+  } else {
+    switch (a.shape.D) {
+      case 32:
+        launch_dq<Ops, 32, 4, 32, 2>(p, a.shape, stream);
+        return launch_dkdv<Ops, 32, 4, 32, 2>(p, a.shape, stream);
+      case 64:
+        launch_dq<Ops, 64, BT_ATTN_TF32_DQ64>(p, a.shape, stream);
+        return launch_dkdv<Ops, 64, BT_ATTN_TF32_DKDV64>(p, a.shape, stream);
+    }
+  }
+  BT_ASSERT(false, "attention_backward_mma: unsupported D ", a.shape.D, " for ", dtype_name(a.dt));
 }
 
 }  // namespace
 
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
-  switch (a.shape.D) {
-    case 32:
-      launch_fwd<32, 1, 8, 64, 2>(a, stream);
-      return;
-    case 64:
-      launch_fwd<64, 1, 8, 64, 2>(a, stream);
-      return;
-    case 128:
-      launch_fwd<128, 1, 4, 64, 1>(a, stream);
-      return;
-    default:
-      BT_ASSERT(false, "attention_forward_mma: unsupported D ", a.shape.D);
-  }
+  if (a.dt == DType::BF16) return forward<Bf16Ops>(a, stream);
+  if (a.math == GemmMath::Tf32x3) return forward<Tf32Ops<true>>(a, stream);
+  forward<Tf32Ops<false>>(a, stream);
 }
 
 void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t stream) {
-  // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
-  switch (a.shape.D) {
-    case 32:
-      launch_dq<32, 4, 32, 1>(bwd_params<bf16_t>(a, di), a.shape, stream);
-      launch_dkdv<32, 4, 64, 1>(bwd_params<bf16_t>(a, di), a.shape, stream);
-      return;
-    case 64:
-      launch_dq<64, 4, 32, 1>(bwd_params<bf16_t>(a, di), a.shape, stream);
-      launch_dkdv<64, 4, 64, 3>(bwd_params<bf16_t>(a, di), a.shape, stream);  // 3 blocks/SM beat no spills
-      return;
-    default:
-      BT_ASSERT(false, "attention_backward_mma: unsupported D ", a.shape.D);
-  }
+  if (a.dt == DType::BF16) return backward<Bf16Ops>(a, di, stream);
+  if (a.math == GemmMath::Tf32x3) return backward<Tf32Ops<true>>(a, di, stream);
+  backward<Tf32Ops<false>>(a, di, stream);
 }
 
 }  // namespace bt::kernels::cuda::detail

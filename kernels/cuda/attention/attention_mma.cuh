@@ -10,8 +10,9 @@
 namespace bt::kernels::cuda::detail {
 
 /// Run when attention_forward_path / attention_backward_path (kernels/attention.h)
-/// say AttnPath::TensorCore: BF16, D in {32, 64, 128} (backward {32, 64}), a
-/// finite scale > 0, every row of every view on a 16-byte boundary.
+/// say AttnPath::TensorCore: BF16 with D in {32, 64, 128} (backward {32, 64}),
+/// or F32 with math Tf32 or Tf32x3 and D in {32, 64}; a finite scale > 0,
+/// every row of every view on a 16-byte boundary.
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream);
 /// The dQ pass (which also writes Di = rowsum(dO * O) into `di`, [B, H, T]
 /// floats: the backward's scratch), then the dK/dV pass.

@@ -10,6 +10,7 @@
 #include "kernels/common/tf32.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm/gemm_internal.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace bt::kernels::cuda {
 namespace {
@@ -44,13 +45,9 @@ constexpr int64_t kX3Align = 64;  // floats: B's copies start 256 bytes aligned
 
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-/// x rounded to TF32, to nearest with ties away from zero: cvt.rna, the
-/// rounding of round_to_tf32 (kernels/common/tf32.h) on the host.
-__device__ __forceinline__ float tf32_rna(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-}
+/// x rounded to TF32, to nearest with ties away from zero (tf32_bits: cvt.rna,
+/// the rounding of round_to_tf32 in kernels/common/tf32.h on the host).
+__device__ __forceinline__ float tf32_rna(float x) { return __uint_as_float(tf32_bits(x)); }
 
 /// For each of `items` matrices of rows x cols (K along the columns) at src +
 /// b * src_stride (ld), three copies along K at dst + b * dst_stride: each row

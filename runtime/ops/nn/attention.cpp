@@ -4,6 +4,7 @@
 
 #include "kernels/attention.h"
 #include "runtime/autograd/function.h"
+#include "runtime/core/precision.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/tensor/factory.h"
 
@@ -26,12 +27,14 @@ Operand of(const Tensor& t) { return {t.data_ptr(), strides_of(t)}; }
 /// A [B, T, heads, D] tensor as a [B, heads, T, D] operand (strides swapped, no copy).
 Operand of_bthd(const Tensor& t) { return {t.data_ptr(), {t.strides()[0], t.strides()[2], t.strides()[1]}}; }
 
-/// Fills the fields AttnForward and AttnBackward share: dtype, shape, scale, q/k/v/o.
+/// Fills the fields AttnForward and AttnBackward share: dtype, math (the
+/// policy's attention_math), shape, scale, q/k/v/o.
 template <typename Args>
-Args attn_args(DType dt, const kernels::AttnShape& s, float scale, Operand q, Operand k, Operand v,
-               Operand o) {
+Args attn_args(DType dt, kernels::GemmMath math, const kernels::AttnShape& s, float scale, Operand q,
+               Operand k, Operand v, Operand o) {
   Args a;
   a.dt = dt;
+  a.math = math;
   a.shape = s;
   a.scale = scale;
   a.q = q.p;
@@ -51,10 +54,10 @@ float default_scale(double scale, int64_t D) {
 }
 
 /// Runs the forward kernel; returns lse [B, H, T].
-Tensor forward(DType dt, const Device& dev, const kernels::AttnShape& s, float sc, Operand q, Operand k,
-               Operand v, Operand o) {
+Tensor forward(DType dt, kernels::GemmMath math, const Device& dev, const kernels::AttnShape& s, float sc,
+               Operand q, Operand k, Operand v, Operand o) {
   Tensor lse = empty({s.B, s.H, s.T}, TensorOptions{DType::F32, dev});
-  auto f = attn_args<kernels::AttnForward>(dt, s, sc, q, k, v, o);
+  auto f = attn_args<kernels::AttnForward>(dt, math, s, sc, q, k, v, o);
   f.lse = lse.data<float>();
   if (s.B * s.H * s.T * s.D > 0)
     detail::on_device(
@@ -64,9 +67,10 @@ Tensor forward(DType dt, const Device& dev, const kernels::AttnShape& s, float s
 }
 
 /// Runs the backward kernels, writing every element of dq, dk and dv.
-void backward(DType dt, const Device& dev, const kernels::AttnShape& s, float sc, Operand q, Operand k,
-              Operand v, Operand o, Operand dout, const Tensor& lse, Operand dq, Operand dk, Operand dv) {
-  auto b = attn_args<kernels::AttnBackward>(dt, s, sc, q, k, v, o);
+void backward(DType dt, kernels::GemmMath math, const Device& dev, const kernels::AttnShape& s, float sc,
+              Operand q, Operand k, Operand v, Operand o, Operand dout, const Tensor& lse, Operand dq,
+              Operand dk, Operand dv) {
+  auto b = attn_args<kernels::AttnBackward>(dt, math, s, sc, q, k, v, o);
   b.dout = dout.p;
   b.sdo = dout.s;
   b.lse = lse.data<float>();
@@ -115,17 +119,19 @@ Tensor attention(const char* op, const Tensor& q_in, const Tensor& k_in, const T
   const kernels::AttnShape s{q.size(0), H, q.size(td), q.size(3), Hkv};
   const float sc = default_scale(scale, s.D);
   Tensor o = empty(q.shape(), q.options());
-  Tensor lse = forward(q.dtype(), q.device(), s, sc, op_of(q), op_of(k), op_of(v), op_of(o));
+  // The backward multiplies as the forward did, whatever the policy is by then.
+  const kernels::GemmMath math = attention_math(precision());
+  Tensor lse = forward(q.dtype(), math, q.device(), s, sc, op_of(q), op_of(k), op_of(v), op_of(o));
   if (autograd::any_requires_grad({&q_in, &k_in, &v_in}))
     autograd::record(
         bthd ? "GroupedQueryAttentionBackward" : "CausalAttentionBackward", {&q_in, &k_in, &v_in}, o,
         [sq = SavedTensor(q, op), sk = SavedTensor(k, op), sv = SavedTensor(v, op), so = SavedTensor(o, op),
-         sl = SavedTensor(lse, op), s, sc, op_of](autograd::Grads& g) -> autograd::Grads {
+         sl = SavedTensor(lse, op), s, sc, math, op_of](autograd::Grads& g) -> autograd::Grads {
           Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), o = so.unpack();
           Tensor dout = bhtd(g[0]);
           Tensor dq = empty(q.shape(), q.options()), dk = empty(k.shape(), k.options()),
                  dv = empty(v.shape(), v.options());
-          backward(q.dtype(), q.device(), s, sc, op_of(q), op_of(k), op_of(v), op_of(o), op_of(dout),
+          backward(q.dtype(), math, q.device(), s, sc, op_of(q), op_of(k), op_of(v), op_of(o), op_of(dout),
                    sl.unpack(), op_of(dq), op_of(dk), op_of(dv));
           return {dq, dk, dv};
         });
@@ -171,20 +177,22 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, double scale)
   const kernels::AttnShape s{B, n_head, T, D};
   const float sc = default_scale(scale, D);
   Tensor o = empty({B, T, C}, qkv.options());
-  Tensor lse = forward(qkv.dtype(), qkv.device(), s, sc, qkv_part(qkv, 0, T, C, D), qkv_part(qkv, 1, T, C, D),
-                       qkv_part(qkv, 2, T, C, D), merged(o, T, C, D));
+  const kernels::GemmMath math = attention_math(precision());  // the backward's too
+  Tensor lse = forward(qkv.dtype(), math, qkv.device(), s, sc, qkv_part(qkv, 0, T, C, D),
+                       qkv_part(qkv, 1, T, C, D), qkv_part(qkv, 2, T, C, D), merged(o, T, C, D));
   if (autograd::any_requires_grad({&qkv_in}))
     autograd::record(
         "CausalSelfAttentionBackward", {&qkv_in}, o,
         [sq = SavedTensor(qkv, "causal_self_attention"), so = SavedTensor(o, "causal_self_attention"),
-         sl = SavedTensor(lse, "causal_self_attention"), s, sc, T, C,
+         sl = SavedTensor(lse, "causal_self_attention"), s, sc, math, T, C,
          D](autograd::Grads& g) -> autograd::Grads {
           Tensor qkv = sq.unpack(), o = so.unpack();
           Tensor dout = g[0].contiguous();
           Tensor dqkv = empty(qkv.shape(), qkv.options());  // every element written below
-          backward(qkv.dtype(), qkv.device(), s, sc, qkv_part(qkv, 0, T, C, D), qkv_part(qkv, 1, T, C, D),
-                   qkv_part(qkv, 2, T, C, D), merged(o, T, C, D), merged(dout, T, C, D), sl.unpack(),
-                   qkv_part(dqkv, 0, T, C, D), qkv_part(dqkv, 1, T, C, D), qkv_part(dqkv, 2, T, C, D));
+          backward(qkv.dtype(), math, qkv.device(), s, sc, qkv_part(qkv, 0, T, C, D),
+                   qkv_part(qkv, 1, T, C, D), qkv_part(qkv, 2, T, C, D), merged(o, T, C, D),
+                   merged(dout, T, C, D), sl.unpack(), qkv_part(dqkv, 0, T, C, D), qkv_part(dqkv, 1, T, C, D),
+                   qkv_part(dqkv, 2, T, C, D));
           return {dqkv};
         });
   return o;

@@ -1,7 +1,8 @@
 // Which CUDA attention implementation a call takes
 // (cuda::attention_forward_path / attention_backward_path, host code that the
-// CUDA dispatcher switches on): every condition at its boundary -- dtype, each
-// head dim, the scale, each view's pointer and each of its strides. No GPU:
+// CUDA dispatcher switches on): every condition at its boundary -- dtype, the
+// f32 math, each head dim, the scale, each view's pointer and each of its
+// strides. No GPU:
 // the pointers point into a host array and are never read.
 #include <cmath>
 #include <cstdint>
@@ -28,6 +29,7 @@ alignas(16) unsigned char arena[16 * (kViews + 1)];
 /// when bytes[i] is a multiple of 16) with strides[i] (contiguous unless set).
 struct Call {
   DType dt = DType::BF16;
+  GemmMath math = GemmMath::Strict;
   AttnShape shape{2, 3, 17, 64};
   float scale = 0.125f;
   int64_t bytes[kViews] = {};
@@ -45,7 +47,7 @@ struct Call {
 
   AttnPath forward() const {
     AttnForward f;
-    f.dt = dt, f.shape = shape, f.scale = scale;
+    f.dt = dt, f.math = math, f.shape = shape, f.scale = scale;
     f.q = ptr(0), f.sq = strides[0];
     f.k = ptr(1), f.sk = strides[1];
     f.v = ptr(2), f.sv = strides[2];
@@ -54,7 +56,7 @@ struct Call {
   }
   AttnPath backward() const {
     AttnBackward b;
-    b.dt = dt, b.shape = shape, b.scale = scale;
+    b.dt = dt, b.math = math, b.shape = shape, b.scale = scale;
     b.q = ptr(0), b.sq = strides[0];
     b.k = ptr(1), b.sk = strides[1];
     b.v = ptr(2), b.sv = strides[2];
@@ -98,15 +100,33 @@ TEST(AttentionPath, F32HeadDimsOnTheTiledKernels) {
   }
 }
 
+TEST(AttentionPath, F32WithTf32MathOnTheTensorCores) {
+  // TF32 or 3xTF32 products (Note [Attention in fp32]): the tensor cores for
+  // the head dims the tiled kernels take; BF16 (and F64, below) ignore the math.
+  for (GemmMath m : {GemmMath::Tf32, GemmMath::Tf32x3})
+    for (int64_t D = 1; D <= 160; ++D) {
+      SCOPED_TRACE(::testing::Message() << "math " << static_cast<int>(m) << " D " << D);
+      Call c(DType::F32, D), bf(DType::BF16, D);
+      c.math = bf.math = m;
+      const AttnPath want = D == 32 || D == 64 ? AttnPath::TensorCore : AttnPath::Simt;
+      EXPECT_EQ(c.forward(), want);
+      EXPECT_EQ(c.backward(), want);
+      EXPECT_EQ(bf.forward(), D == 32 || D == 64 || D == 128 ? AttnPath::TensorCore : AttnPath::Simt);
+      EXPECT_EQ(bf.backward(), D == 32 || D == 64 ? AttnPath::TensorCore : AttnPath::Simt);
+    }
+}
+
 TEST(AttentionPath, OtherDtypesOnTheSimtKernels) {
   for (DType dt : kAllDTypes) {
     if (dt == DType::BF16 || dt == DType::F32) continue;
     SCOPED_TRACE(::testing::Message() << dt);
-    for (int64_t D : {32, 64, 128}) {
-      const Call c(dt, D);
-      EXPECT_EQ(c.forward(), AttnPath::Simt);
-      EXPECT_EQ(c.backward(), AttnPath::Simt);
-    }
+    for (int64_t D : {32, 64, 128})
+      for (GemmMath m : {GemmMath::Strict, GemmMath::Tf32, GemmMath::Tf32x3}) {
+        Call c(dt, D);
+        c.math = m;
+        EXPECT_EQ(c.forward(), AttnPath::Simt);
+        EXPECT_EQ(c.backward(), AttnPath::Simt);
+      }
   }
 }
 
@@ -123,14 +143,19 @@ TEST(AttentionPath, ScaleBoundaries) {
                {inf, false, false},  {-inf, false, false}, {nan, false, false},  {-nan, false, false}};
   for (const auto& s : cases) {
     SCOPED_TRACE(::testing::Message() << "scale " << s.scale);
-    Call bf(DType::BF16, 64), f32(DType::F32, 64);
-    bf.scale = f32.scale = s.scale;
+    Call bf(DType::BF16, 64), f32(DType::F32, 64), tf32(DType::F32, 64);
+    bf.scale = f32.scale = tf32.scale = s.scale;
+    tf32.math = GemmMath::Tf32x3;
     const AttnPath want_bf = s.tensor_core ? AttnPath::TensorCore : AttnPath::Simt;
     const AttnPath want_f32 = s.f32_tiled ? AttnPath::F32Tiled : AttnPath::Simt;
+    // TF32 math where the tensor cores take the scale, else the strict kernels.
+    const AttnPath want_tf32 = s.tensor_core ? AttnPath::TensorCore : want_f32;
     EXPECT_EQ(bf.forward(), want_bf);
     EXPECT_EQ(bf.backward(), want_bf);
     EXPECT_EQ(f32.forward(), want_f32);
     EXPECT_EQ(f32.backward(), want_f32);
+    EXPECT_EQ(tf32.forward(), want_tf32);
+    EXPECT_EQ(tf32.backward(), want_tf32);
   }
 }
 

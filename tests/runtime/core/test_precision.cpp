@@ -1,5 +1,6 @@
 // The precision policy: its names both ways, the error for an unknown one,
-// and that a setting is one for the whole process (every thread reads it).
+// that a setting is one for the whole process (every thread reads it), and
+// how each precision multiplies f32 matrices.
 #include <string>
 #include <thread>
 
@@ -54,6 +55,26 @@ TEST(Precision, OneSettingForTheWholeProcess) {
     EXPECT_EQ(precision(), Precision::TF32) << "a setting made on another thread holds here";
   }
   EXPECT_EQ(precision(), Precision::FP32);
+}
+
+TEST(Precision, HowEachPrecisionMultipliesF32Matrices) {
+  using kernels::GemmMath;
+  EXPECT_EQ(matmul_math(Precision::FP32), GemmMath::Strict);
+  EXPECT_EQ(matmul_math(Precision::TF32), GemmMath::Tf32);
+  EXPECT_EQ(matmul_math(Precision::FP32X3), GemmMath::Tf32x3);
+  EXPECT_EQ(matmul_math(Precision::BF16), GemmMath::Strict);  // what bf16 leaves in f32 stays strict
+  // Attention stays strict until its TF32 kernels are measured in training;
+  // BT_ATTENTION_MATH=matmul gives it the GEMMs' math.
+  for (Precision p : {Precision::FP32, Precision::TF32, Precision::FP32X3, Precision::BF16}) {
+    EXPECT_EQ(attention_math(p, ""), GemmMath::Strict) << precision_name(p);
+    EXPECT_EQ(attention_math(p, "strict"), GemmMath::Strict) << precision_name(p);
+    EXPECT_EQ(attention_math(p, "matmul"), matmul_math(p)) << precision_name(p);
+  }
+  for (const std::string bad : {"Matmul", "tf32", " strict", "1"}) {
+    const std::string msg = test::error_message([&] { (void)attention_math(Precision::TF32, bad); });
+    EXPECT_NE(msg.find("BT_ATTENTION_MATH='" + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("use strict (the default) or matmul"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // GPU causal attention forward/backward against the CPU kernels: T not a
 // multiple of the tiles, several head dims, contiguous and fused-QKV strides.
 // The TensorCore* tests run the bf16 mma.sync path (D in {32, 64, 128},
-// 16-byte aligned rows) and the F32Tiled* tests the register-tiled strict
-// fp32 path (D in {32, 64}, 16-byte aligned rows), each against the CPU
-// float64 kernels on the same values, plus their determinism; the Simt* and
+// 16-byte aligned rows), the Tf32* tests the same kernels on f32 operands as
+// TF32 and 3xTF32 (Note [Attention in fp32]), and the F32Tiled* tests the
+// register-tiled strict fp32 path (D in {32, 64}, 16-byte aligned rows), each
+// against the CPU float64 kernels on the same values, plus their
+// determinism; the Simt* and
 // Unaligned* tests run the SIMT fallback, also on shapes the fast paths take.
 // The GroupedQuery* tests run each path with Hkv in {H, H / 2, 1} key/value
 // heads (Note [Grouped-query attention]), and the determinism of their backward.
@@ -30,6 +32,7 @@ using kernels::AttnForward;
 using kernels::AttnPath;
 using kernels::AttnShape;
 using kernels::AttnStrides;
+using kernels::GemmMath;
 
 struct Case {
   int64_t B, H, T, D;
@@ -158,6 +161,14 @@ TEST(CudaAttention, MatchesCpu) {
   }
 }
 
+/// The relative error allowed against float64: bf16's, fp32's, or one TF32
+/// product's (10 bits of mantissa: about 1e-3 on these outputs); 3xTF32 is
+/// held to fp32's (Note [Attention in fp32]).
+double tol_of(DType dt, GemmMath math) {
+  if (dt == DType::F32 && math == GemmMath::Tf32) return 4e-3;
+  return tol(dt);
+}
+
 /// The paths a forward and a backward call must take.
 struct Paths {
   AttnPath fwd, bwd;
@@ -172,15 +183,27 @@ constexpr Paths kSimt{AttnPath::Simt, AttnPath::Simt};
 /// on the GPU; the CPU float64 kernels on the same values are the reference.
 /// The calls must take the paths `want`. The GPU backward consumes the GPU
 /// forward's o and lse, as in training. Gradients land in a fused buffer of the
-/// same layout. `scale` 0 means 1 / sqrt(D).
+/// same layout. `scale` 0 means 1 / sqrt(D). F32 products multiply as `math`
+/// says; the tolerance is the math's (tol_of). `worst`, if given, receives the
+/// largest relative error of o, dq, dk and dv.
 void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.0, int64_t t_pad = 0,
-                DType dt = DType::BF16, float scale = 0.0f, int64_t shift = 0) {
+                DType dt = DType::BF16, float scale = 0.0f, int64_t shift = 0,
+                GemmMath math = GemmMath::Strict, double* worst = nullptr) {
   const AttnShape s{c.B, c.H, c.T, c.D, c.Hkv};
   const int64_t Hkv = s.kv_heads();
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " vs f64: B " << c.B << " H " << c.H << " Hkv "
                                     << Hkv << " T " << c.T << " D " << c.D << " stddev " << stddev
-                                    << " t_pad " << t_pad << " scale " << scale << " shift " << shift);
+                                    << " t_pad " << t_pad << " scale " << scale << " shift " << shift
+                                    << " math " << static_cast<int>(math));
   const size_t es = dtype_size(dt);
+  const double tl = tol_of(dt, math);
+  double worst_err = 0;
+  const auto expect_rel = [&](const std::vector<double>& got, const std::vector<double>& ref,
+                              const char* what) {
+    const double err = rel_error(got, ref);
+    worst_err = std::max(worst_err, err);
+    EXPECT_LT(err, tl) << what << ": relative error " << err;
+  };
   const int64_t n = c.B * c.H * c.T * c.D, width = (c.H + 2 * Hkv) * c.D, row = width + t_pad,
                 total = shift + c.B * c.T * row;
   const AttnStrides sqkv{c.T * row, c.D, row};
@@ -220,6 +243,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
   const auto dev = [es](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * es; };
   AttnForward fg;
   fg.dt = dt;
+  fg.math = math;
   fg.shape = s;
   fg.scale = scale;
   fg.q = dev(d_qkv, oq), fg.sq = sqkv;
@@ -229,7 +253,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
   fg.lse = d_lse.as<float>();
   ASSERT_EQ(cuda::attention_forward_path(fg), want.fwd) << "forward path";
   cuda::attention_forward(fg, nullptr);
-  BT_EXPECT_REL(d_o.to_host(dt, n).vals(), o64.vals(), tol(dt), "o");
+  expect_rel(d_o.to_host(dt, n).vals(), o64.vals(), "o");
   BT_EXPECT_REL(to_doubles(d_lse.to_vector<float>(lse64.size())), to_doubles(lse64), 1e-5, "lse");
 
   // ---- float64 reference backward. Its Di = rowsum(dO * O) uses the o the GPU
@@ -252,6 +276,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
 
   AttnBackward bg;
   bg.dt = dt;
+  bg.math = math;
   bg.shape = s;
   bg.scale = scale;
   bg.q = fg.q, bg.sq = sqkv;
@@ -267,8 +292,8 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
   cuda::attention_backward(bg, scratch.as<float>(), nullptr);
   const HostBuf grads = d_grads.to_host(dt, total);
   if (c.T > 1) {
-    BT_EXPECT_REL(gather(grads, pos(oq)), gather(g64, pos(oq)), tol(dt), "dq");
-    BT_EXPECT_REL(gather(grads, pos(ok)), gather(g64, pos(ok)), tol(dt), "dk");
+    expect_rel(gather(grads, pos(oq)), gather(g64, pos(oq)), "dq");
+    expect_rel(gather(grads, pos(ok)), gather(g64, pos(ok)), "dk");
   } else {
     // One key per query: P = 1 and dS = dP - rowsum(dO * O) cancels to rounding
     // noise, so dq = scale dS K and dk = scale dS^T Q are noise in both; a
@@ -285,10 +310,11 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
       double err = 0;
       for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want[i]));
       const double heads = off == ok ? static_cast<double>(s.group()) : 1.0;
-      EXPECT_LE(err, heads * tol(dt) * std::abs(scale) * dp * amax(gather(qkv, pos(other)))) << name;
+      EXPECT_LE(err, heads * tl * std::abs(scale) * dp * amax(gather(qkv, pos(other)))) << name;
     }
   }
-  BT_EXPECT_REL(gather(grads, pos(ov)), gather(g64, pos(ov)), tol(dt), "dv");
+  expect_rel(gather(grads, pos(ov)), gather(g64, pos(ov)), "dv");
+  if (worst) *worst = worst_err;
   // The shift before the buffer and the padding between rows are no element
   // of any view: still poisoned.
   int64_t written = 0;
@@ -323,9 +349,11 @@ std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsign
 /// Two forward + backward runs on the same inputs (fused q/k/v [B, T, H + 2
 /// Hkv, D], B 2, T 333, H 3 or, with Hkv, 4), on the path `want`, give the same
 /// bytes in o, lse, dq, dk and dv (with GQA, dk and dv are sums over query heads).
-void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0) {
+void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0,
+                         GemmMath math = GemmMath::Strict) {
   BT_SEED(seed);
-  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D << " Hkv " << Hkv);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " D " << D << " Hkv " << Hkv << " math "
+                                    << static_cast<int>(math));
   std::mt19937 gen(seed);
   const size_t es = dtype_size(dt);
   const int64_t B = 2, H = Hkv ? 4 : 3, KH = Hkv ? Hkv : H, T = 333, row = (H + 2 * KH) * D;
@@ -345,6 +373,7 @@ void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0) {
     scratch.poison();
     AttnForward f;
     f.dt = dt;
+    f.math = math;
     f.shape = s;
     f.scale = 0.125f;
     f.q = dev(d_qkv, 0), f.k = dev(d_qkv, H * D), f.v = dev(d_qkv, (H + KH) * D);
@@ -355,6 +384,7 @@ void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0) {
     cuda::attention_forward(f, nullptr);
     AttnBackward b;
     b.dt = dt;
+    b.math = math;
     b.shape = s;
     b.scale = f.scale;
     b.q = f.q, b.k = f.k, b.v = f.v;
@@ -391,6 +421,53 @@ TEST(CudaAttention, F32TiledPathMatchesFloat64) {
   run_vs_f64({2, 2, 130, 64, true}, gen, kF32Tiled, 1.0, 4, f32);  // padded rows, still 16-byte aligned
   run_vs_f64({1, 3, 190, 64, true}, gen, kF32Tiled, 1.0, 0, f32, -0.2f);  // a negative scale
   for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 32, true}, gen, kF32Tiled, 1.0, 0, f32);
+}
+
+TEST(CudaAttention, Tf32TensorCorePathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const DType f32 = DType::F32;
+  for (GemmMath m : {GemmMath::Tf32, GemmMath::Tf32x3}) {
+    for (int64_t T : {1, 17, 100, 257, 1024})
+      run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore, 1.0, 0, f32, 0, 0, m);
+    run_vs_f64({2, 2, 200, 64, true}, gen, kTensorCore, 2.5, 0, f32, 0, 0, m);  // peaked softmax
+    run_vs_f64({2, 2, 130, 64, true}, gen, kTensorCore, 1.0, 4, f32, 0, 0, m);  // padded rows, still aligned
+    for (int64_t T : {1, 17, 100, 257})
+      run_vs_f64({2, 3, T, 32, true}, gen, kTensorCore, 1.0, 0, f32, 0, 0, m);
+    // A scale <= 0 is no tensor-core scale (the online softmax's max): strict kernels.
+    run_vs_f64({1, 3, 190, 64, true}, gen, kF32Tiled, 1.0, 0, f32, -0.2f, 0, m);
+  }
+}
+
+// 3xTF32 is what makes TF32 tensor cores fit for fp32 work: on the same
+// inputs its error against float64 must stay near the strict fp32 kernels'
+// and far below one TF32 product's, or the split is not doing its job.
+TEST(CudaAttention, Tf32x3IsAsCloseToFloat64AsStrictFp32) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  for (int64_t D : {32, 64}) {
+    double err[3];
+    const GemmMath maths[3] = {GemmMath::Strict, GemmMath::Tf32x3, GemmMath::Tf32};
+    for (int i = 0; i < 3; ++i) {
+      std::mt19937 gen(seed);  // the same inputs for each math
+      run_vs_f64({2, 4, 300, D, true}, gen, i == 0 ? kF32Tiled : kTensorCore, 1.0, 0, DType::F32, 0, 0,
+                 maths[i], &err[i]);
+    }
+    SCOPED_TRACE(::testing::Message() << "D " << D << " worst relative error: strict " << err[0]
+                                      << ", 3xTF32 " << err[1] << ", TF32 " << err[2]);
+    EXPECT_LT(err[1], 4 * err[0]);
+    EXPECT_LT(50 * err[1], err[2]);
+  }
+}
+
+TEST(CudaAttention, Tf32TensorCorePathIsDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  for (GemmMath m : {GemmMath::Tf32, GemmMath::Tf32x3})
+    for (int64_t Hkv : {0, 2}) {
+      check_deterministic(DType::F32, 64, AttnPath::TensorCore, Hkv, m);
+      check_deterministic(DType::F32, 32, AttnPath::TensorCore, Hkv, m);
+    }
 }
 
 TEST(CudaAttention, F32TiledPathIsDeterministic) {
@@ -446,6 +523,22 @@ TEST(CudaAttention, GroupedQueryF32TiledPathMatchesFloat64) {
     run_vs_f64({1, 4, 130, 64, true, Hkv}, gen, kF32Tiled, 2.5, 4, f32);  // peaked softmax, padded rows
   }
   run_vs_f64({1, 8, 1024, 64, true, 2}, gen, kF32Tiled, 1.0, 0, f32);
+}
+
+TEST(CudaAttention, GroupedQueryTf32TensorCorePathMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const DType f32 = DType::F32;
+  for (GemmMath m : {GemmMath::Tf32, GemmMath::Tf32x3}) {
+    for (int64_t Hkv : {2, 1}) {
+      for (int64_t T : {1, 17, 257})
+        run_vs_f64({2, 4, T, 64, true, Hkv}, gen, kTensorCore, 1.0, 0, f32, 0, 0, m);
+      run_vs_f64({1, 4, 150, 32, true, Hkv}, gen, kTensorCore, 1.0, 0, f32, 0, 0, m);
+      run_vs_f64({1, 4, 130, 64, true, Hkv}, gen, kTensorCore, 2.5, 4, f32, 0, 0, m);  // peaked, padded rows
+    }
+    run_vs_f64({1, 8, 1024, 64, true, 2}, gen, kTensorCore, 1.0, 0, f32, 0, 0, m);
+  }
 }
 
 TEST(CudaAttention, GroupedQuerySimtPathMatchesFloat64) {
