@@ -9,7 +9,8 @@
 //     ceiling, counting bytes read + written.
 //   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
 //     of the copy bandwidth measured in the same run at the same size.
-//   Causal attention, bf16 and f32 (strict, TF32 and 3xTF32 products), GPT-2
+//   Causal attention, bf16 (the Hopper wgmma forward where there is one, and
+//     the mma.sync kernels) and f32 (strict, TF32 and 3xTF32 products), GPT-2
 //     124M shape (B 16, H 12, T 1024, D 64; q/k/v strided slices of a fused
 //     [B, T, 3, H, D] buffer), forward and backward in TFLOP/s: the fast path
 //     (bf16 and TF32 math: tensor cores; strict f32: the register-tiled FFMA
@@ -358,12 +359,16 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
   const struct {
     DType dt;
     k::GemmMath math;
+    bool wgmma;  // the Hopper forward, where this build and device have it
     const char* name;
-  } variants[] = {{DType::BF16, k::GemmMath::Strict, "bf16 (causal)"},
-                  {DType::F32, k::GemmMath::Strict, "f32 (strict, causal)"},
-                  {DType::F32, k::GemmMath::Tf32x3, "f32 (3xTF32, causal)"},
-                  {DType::F32, k::GemmMath::Tf32, "f32 (TF32, causal)"}};
+  } variants[] = {{DType::BF16, k::GemmMath::Strict, true, "bf16 (causal, wgmma forward)"},
+                  {DType::BF16, k::GemmMath::Strict, false, "bf16 (causal, mma.sync)"},
+                  {DType::F32, k::GemmMath::Strict, false, "f32 (strict, causal)"},
+                  {DType::F32, k::GemmMath::Tf32x3, false, "f32 (3xTF32, causal)"},
+                  {DType::F32, k::GemmMath::Tf32, false, "f32 (TF32, causal)"}};
   for (const auto& var : variants) {
+    if (var.wgmma && !k::cuda::attention_wgmma_available()) continue;
+    k::cuda::set_attention_wgmma(var.wgmma);
     const DType dt = var.dt;
     const size_t es = bt::dtype_size(dt);
     // Contiguous o, dout and grads (as the runtime allocates them); lse and Di scratch.
@@ -416,6 +421,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
                       ref_ms > 0 ? "PyTorch SDPA (" + backend + ")" : "old SIMT kernel"});
     }
   }
+  k::cuda::set_attention_wgmma(true);
 }
 
 std::string table(const std::vector<Row>& rows) {

@@ -139,6 +139,16 @@ void attention_forward(const AttnForward& a, cudaStream_t stream);
 /// Floats of scratch that attention_backward needs.
 size_t attention_backward_scratch_floats(const AttnShape& s);
 void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream);
+
+/// The Hopper forward (kernels/cuda/sm90a/attention_wgmma.cu, wgmma): a BF16
+/// forward with D = 64 on the tensor-core path runs it when this build has
+/// the sm_90a kernels, the current device is compute capability 9.0, and it
+/// is not turned off (BT_ATTENTION_WGMMA=0 in the environment at start, or
+/// set_attention_wgmma(false)); else the mma.sync kernels. Same results within
+/// bf16 rounding, not the same bits (other tile shapes).
+bool attention_wgmma_available();
+bool attention_forward_uses_wgmma(const AttnForward& a);
+void set_attention_wgmma(bool on);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

@@ -59,12 +59,16 @@
 // rows (BM 128), BN 64, 2 blocks/SM; dQ 4 warps (BM 64), BN 32; dK/dV 4 warps
 // (BN 64), BM 64, with the register cap of 3 blocks/SM. F32: see the
 // BT_ATTN_TF32_* defaults (a tuning run may override them with -D).
+#include <atomic>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/attention/attention_mma.cuh"
 #include "kernels/cuda/attention/attention_tiled.cuh"
+#include "kernels/cuda/attention/flash_common.cuh"
 #include "kernels/cuda/attention/mma_ops.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -84,84 +88,6 @@
 namespace bt::kernels::cuda::detail {
 namespace {
 
-/// Async copy of rows [row0, row0 + ROWS) of a [T, D] slab with row stride `st`
-/// into a swizzled tile; rows >= T become zeros. All NT threads take part.
-template <class Ops, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile(typename Ops::E* tile, const typename Ops::E* g, int64_t st,
-                                          int64_t row0, int64_t T) {
-  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
-  static_assert(kTotal % NT == 0, "tile chunks must divide evenly among the threads");
-#pragma unroll
-  for (int it = 0; it < kTotal / NT; ++it) {
-    const int i = it * NT + static_cast<int>(threadIdx.x);
-    const int r = i / kChunks, c = i % kChunks;
-    const int64_t t = row0 + r;
-    const bool ok = t < T;
-    cp_async16(smem_u32(tile + Ops::template swz<D>(r, c)), g + (ok ? t * st + c * Ops::kChunk : 0), ok);
-  }
-}
-
-/// Async copy of floats [row0, row0 + N) of `src` (zeros past T).
-template <int N, int NT>
-__device__ __forceinline__ void load_vec(float* dst, const float* src, int64_t row0, int64_t T) {
-  for (int i = threadIdx.x; i < N; i += NT) {
-    const int64_t t = row0 + i;
-    const bool ok = t < T;
-    cp_async4(smem_u32(dst + i), src + (ok ? t : 0), ok);
-  }
-}
-
-/// Writes a warp's 16 x D fp32 accumulators (times `mul`) into rows
-/// r0..r0+15 of a swizzled tile.
-template <class Ops, int D>
-__device__ __forceinline__ void stage_acc(typename Ops::E* tile, int r0, const float (&acc)[D / 8][4],
-                                          float mul, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int col = dt * 8 + 2 * t;
-      Ops::store2(tile + Ops::template swz<D>(r0 + g + 8 * hf, col / Ops::kChunk) + col % Ops::kChunk,
-                  acc[dt][2 * hf] * mul, acc[dt][2 * hf + 1] * mul);
-    }
-}
-
-/// A warp copies rows r0..r0+ROWS-1 of a swizzled tile to global rows
-/// grow0.. (those < T) with 16-byte stores.
-template <class Ops, int D, int ROWS>
-__device__ __forceinline__ void store_rows(const typename Ops::E* tile, int r0, typename Ops::E* g,
-                                           int64_t st, int64_t grow0, int64_t T, int lane) {
-  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
-  static_assert(kTotal % 32 == 0, "rows * chunks must be a multiple of the warp");
-#pragma unroll
-  for (int it = 0; it < kTotal / 32; ++it) {
-    const int i = it * 32 + lane;
-    const int r = i / kChunks, c = i % kChunks;
-    const int64_t t = grow0 + r;
-    if (t < T)
-      *reinterpret_cast<uint4*>(g + t * st + c * Ops::kChunk) =
-          *reinterpret_cast<const uint4*>(tile + Ops::template swz<D>(r0 + r, c));
-  }
-}
-
-/// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero: no probability that
-/// small changes a sum that is at least 1, nor a bf16 operand of the tile products).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 // ------------------------------------------------------------------ forward
 template <class Ops, int D, int MT, int NW, int BN, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnFwdParams<typename Ops::E> p) {
@@ -172,21 +98,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnF
   E* ks = qs + BM * D;                     // [2][BN][D]
   E* vs = ks + 2 * BN * D;                 // [2][BN][D]
 
-  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
-  const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
-  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
-  const int64_t q0 = tile * BM;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const E* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const E* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
-  const E* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
-
-  const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
-  const int nkt = static_cast<int>((kend + BN - 1) / BN);
-  load_tile<Ops, D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
-  load_tile<Ops, D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
-  load_tile<Ops, D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
-  cp_async_commit();
+  const FwdBlock<E, BM, BN> blk(p);
+  const int64_t bh = blk.bh, b = blk.b, h = blk.h, T = blk.T, q0 = blk.q0;
+  const int nkt = blk.nkt;
+  const E *kg = blk.kg, *vg = blk.vg;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  blk.template load_first<Ops, D, kThreads>(qs, ks, vs, p);
 
   const int wrow = warp * 16 * MT;
   const int64_t wq0 = q0 + wrow, wq_last = wq0 + 16 * MT - 1;
@@ -205,15 +122,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnF
 
   for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
-    if (kt + 1 < nkt) {
-      const int nb = (kt + 1) & 1;
-      load_tile<Ops, D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
-      load_tile<Ops, D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_kv_tile<Ops, D, BN, kThreads>(ks, vs, kg, vg, p.sk.t, p.sv.t, kt, nkt, T);
     __syncthreads();
     if (kt == 0) {
 #pragma unroll
@@ -247,50 +156,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnF
           }
         }
       }
-      const bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > T;
-      if (need_mask) {
+      if (k0 + BN - 1 > wq0 || k0 + BN > T) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NTL; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int64_t row = wq0 + mt * 16 + g + (e >> 1) * 8;
-              const int64_t col = k0 + nt * 8 + 2 * tq + (e & 1);
-              if (col > row || col >= T) s[mt][nt][e] = -INFINITY;
-            }
+        for (int mt = 0; mt < MT; ++mt) mask_scores(s[mt], wq0 + mt * 16, k0, T, lane);
       }
-      // Online softmax in base 2 (scale > 0, so the max of the raw scores gives
-      // the max of the scaled ones): rows (mt, hf) of this lane are g + 8 * hf;
-      // m is kept in scaled log2 units and p = 2^(s * scale log2 e - m), one FFMA.
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < NTL; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-          mx = quad_max(mx) * p.scale_log2;
-          const float m_new = fmaxf(m[mt][hf], mx);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-          const float corr = fast_exp2(m[mt][hf] - m_use);
-          m[mt][hf] = m_new;
-          float sum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < NTL; ++nt)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const float pv = fast_exp2(fmaf(s[mt][nt][2 * hf + j], p.scale_log2, -m_use));
-              s[mt][nt][2 * hf + j] = pv;
-              sum += pv;
-            }
-          l[mt][hf] = l[mt][hf] * corr + sum;
-#pragma unroll
-          for (int dt = 0; dt < DT; ++dt) {
-            o[mt][dt][2 * hf] *= corr;
-            o[mt][dt][2 * hf + 1] *= corr;
-          }
-        }
+      for (int mt = 0; mt < MT; ++mt) softmax_update(s[mt], m[mt], l[mt], o[mt], p.scale_log2);
         // O += P V
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
@@ -319,18 +190,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnF
   // Epilogue: O / l through this warp's rows of the Q tile (only this warp read them).
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float lt = quad_sum(l[mt][hf]);
-      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        o[mt][dt][2 * hf] *= inv;
-        o[mt][dt][2 * hf + 1] *= inv;
-      }
-      const int64_t row = wq0 + mt * 16 + g + 8 * hf;
-      if (p.lse && tq == 0 && row < T) p.lse[bh * T + row] = (m[mt][hf] + log2f(lt)) * kLn2;
-    }
+    finish_rows(o[mt], m[mt], l[mt], p.lse ? p.lse + bh * T : nullptr, wq0 + mt * 16, T, lane);
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) stage_acc<Ops, D>(qs, wrow + mt * 16, o[mt], 1.0f, lane);
@@ -554,15 +414,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 
   for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
-    if (kt + 1 < nkt) {
-      const int nb = (kt + 1) & 1;
-      load_tile<Ops, D, BN, kThreads>(ks + nb * BN * D, kg, p.sk.t, k0 + BN, T);
-      load_tile<Ops, D, BN, kThreads>(vs + nb * BN * D, vg, p.sv.t, k0 + BN, T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_kv_tile<Ops, D, BN, kThreads>(ks, vs, kg, vg, p.sk.t, p.sv.t, kt, nkt, T);
     __syncthreads();
     if (kt == 0) {
 #pragma unroll
@@ -719,6 +571,9 @@ void backward(const AttnBackward& a, float* di, cudaStream_t stream) {
 }  // namespace
 
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
+#ifdef BT_SM90A
+  if (attention_forward_uses_wgmma(a)) return attention_forward_wgmma(a, stream);
+#endif
   if (a.dt == DType::BF16) return forward<Bf16Ops>(a, stream);
   if (a.math == GemmMath::Tf32x3) return forward<Tf32Ops<true>>(a, stream);
   forward<Tf32Ops<false>>(a, stream);
@@ -731,3 +586,35 @@ void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t strea
 }
 
 }  // namespace bt::kernels::cuda::detail
+
+namespace bt::kernels::cuda {
+namespace {
+
+// BT_ATTENTION_WGMMA=0 at start turns the Hopper forward off; set_attention_wgmma changes it.
+std::atomic<bool> g_wgmma_on{[] {
+  const char* v = std::getenv("BT_ATTENTION_WGMMA");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}()};
+
+}  // namespace
+
+bool attention_wgmma_available() {
+#ifdef BT_SM90A
+  int dev = 0, major = 0, minor = 0;
+  BT_CUDA_CHECK(cudaGetDevice(&dev));
+  BT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  BT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 alone
+#else
+  return false;
+#endif
+}
+
+bool attention_forward_uses_wgmma(const AttnForward& a) {
+  return g_wgmma_on.load() && a.dt == DType::BF16 && a.shape.D == 64 &&
+         attention_forward_path(a) == AttnPath::TensorCore && attention_wgmma_available();
+}
+
+void set_attention_wgmma(bool on) { g_wgmma_on.store(on); }
+
+}  // namespace bt::kernels::cuda

@@ -17,5 +17,9 @@ void attention_forward_mma(const AttnForward& a, cudaStream_t stream);
 /// The dQ pass (which also writes Di = rowsum(dO * O) into `di`, [B, H, T]
 /// floats: the backward's scratch), then the dK/dV pass.
 void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t stream);
+/// The Hopper wgmma forward (kernels/cuda/sm90a/attention_wgmma.cu, built when
+/// BT_SM90A): BF16, D = 64; attention_forward_mma calls it when
+/// attention_forward_uses_wgmma (kernels/attention.h).
+void attention_forward_wgmma(const AttnForward& a, cudaStream_t stream);
 
 }  // namespace bt::kernels::cuda::detail

@@ -9,11 +9,15 @@
 // Unaligned* tests run the SIMT fallback, also on shapes the fast paths take.
 // The GroupedQuery* tests run each path with Hkv in {H, H / 2, 1} key/value
 // heads (Note [Grouped-query attention]), and the determinism of their backward.
+// On an sm_90 device the bf16 forward at D = 64 runs the Hopper wgmma kernel
+// by default: the TensorCore* tests turn it off to test the mma.sync kernels,
+// and the Wgmma* tests run it (they skip where it is not available).
 // A test named after a path first asserts that its calls take that path
 // (cuda::attention_*_path, which the dispatcher switches on; its host test is
 // tests/kernels/common/test_attention_path.cpp).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -167,6 +171,27 @@ TEST(CudaAttention, MatchesCpu) {
 double tol_of(DType dt, GemmMath math) {
   if (dt == DType::F32 && math == GemmMath::Tf32) return 4e-3;
   return tol(dt);
+}
+
+/// Turns the Hopper wgmma forward on or off for a scope (cuda::set_attention_wgmma).
+class WgmmaScope {
+ public:
+  explicit WgmmaScope(bool on) { cuda::set_attention_wgmma(on); }
+  ~WgmmaScope() { cuda::set_attention_wgmma(true); }
+  WgmmaScope(const WgmmaScope&) = delete;
+  WgmmaScope& operator=(const WgmmaScope&) = delete;
+};
+
+/// A BF16 D = 64 forward on the tensor-core path, as run_vs_f64 makes one: does it run the wgmma kernel?
+bool forward_uses_wgmma(int64_t H, int64_t Hkv) {
+  static unsigned char arena[64];  // aligned enough: never read
+  AttnForward f;
+  f.dt = DType::BF16;
+  f.shape = {1, H, 128, 64, Hkv};
+  f.scale = 0.125f;
+  f.q = f.k = f.v = f.o = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(arena) + 15) & ~uintptr_t{15});
+  f.sq = f.sk = f.sv = f.so = AttnStrides{0, 64 * 128, 64};
+  return cuda::attention_forward_uses_wgmma(f);
 }
 
 /// The paths a forward and a backward call must take.
@@ -326,6 +351,8 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
 
 TEST(CudaAttention, TensorCorePathMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
+  WgmmaScope mma_sync(false);
+  ASSERT_FALSE(forward_uses_wgmma(3, 0));
   BT_SEED(seed);
   std::mt19937 gen(seed);
   for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore);
@@ -407,7 +434,37 @@ void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0,
 
 TEST(CudaAttention, TensorCorePathIsDeterministic) {
   BT_SKIP_WITHOUT_GPU();
+  WgmmaScope mma_sync(false);
   check_deterministic(DType::BF16, 64, AttnPath::TensorCore);
+}
+
+TEST(CudaAttention, WgmmaForwardMatchesFloat64) {
+  BT_SKIP_WITHOUT_GPU();
+  if (!cuda::attention_wgmma_available())
+    GTEST_SKIP() << "no sm_90a kernels in this build or not an sm_90 device";
+  WgmmaScope on(true);
+  ASSERT_TRUE(forward_uses_wgmma(3, 0));
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  for (int64_t T : {1, 17, 64, 100, 129, 257, 1024}) run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore);
+  run_vs_f64({2, 2, 200, 64, true}, gen, kTensorCore, 2.5);  // peaked softmax: large running-max corrections
+  run_vs_f64({2, 2, 130, 64, true}, gen, kTensorCore, 1.0, 8);  // padded rows, still 16-byte aligned
+  for (int64_t Hkv : {2, 1}) {
+    ASSERT_TRUE(forward_uses_wgmma(4, Hkv));
+    for (int64_t T : {17, 257}) run_vs_f64({2, 4, T, 64, true, Hkv}, gen, kTensorCore);
+    run_vs_f64({1, 8, 1024, 64, true, 2}, gen, kTensorCore);
+  }
+  // The other head dims keep the mma.sync forward.
+  run_vs_f64({2, 3, 150, 32, true}, gen, kTensorCore);
+}
+
+TEST(CudaAttention, WgmmaForwardIsDeterministic) {
+  BT_SKIP_WITHOUT_GPU();
+  if (!cuda::attention_wgmma_available())
+    GTEST_SKIP() << "no sm_90a kernels in this build or not an sm_90 device";
+  WgmmaScope on(true);
+  check_deterministic(DType::BF16, 64, AttnPath::TensorCore);
+  check_deterministic(DType::BF16, 64, AttnPath::TensorCore, 2);
 }
 
 TEST(CudaAttention, F32TiledPathMatchesFloat64) {
@@ -501,6 +558,7 @@ TEST(CudaAttention, SimtPathOnShapesTheFastPathsTake) {
 // heads, q/k/v slices of one fused [B, T, H + 2 Hkv, D] projection, on each path.
 TEST(CudaAttention, GroupedQueryTensorCorePathMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
+  WgmmaScope mma_sync(false);
   BT_SEED(seed);
   std::mt19937 gen(seed);
   for (int64_t Hkv : {4, 2, 1}) {

@@ -1,0 +1,220 @@
+// What the tensor-core FlashAttention kernels share (the mma.sync kernels of
+// attention_mma.cu and the Hopper wgmma forward of sm90a/attention_wgmma.cu):
+// moving swizzled tiles between global and shared memory, and a warp's
+// online softmax over its 16 query rows. The score and output tiles are
+// accumulator fragments in the mma.m16n8 C layout -- lane (g, t) holds rows
+// g and g + 8, columns 2 t and 2 t + 1 of each 8-column tile -- which is also
+// the layout of each warp's 16 rows of a wgmma m64nN accumulator.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention/attention_tiled.cuh"
+#include "kernels/cuda/attention/mma_ops.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace bt::kernels::cuda::detail {
+
+/// Async copy of rows [row0, row0 + ROWS) of a [T, D] slab with row stride `st`
+/// into a swizzled tile; rows >= T become zeros. All NT threads take part.
+template <class Ops, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(typename Ops::E* tile, const typename Ops::E* g, int64_t st,
+                                          int64_t row0, int64_t T) {
+  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
+  static_assert(kTotal % NT == 0, "tile chunks must divide evenly among the threads");
+#pragma unroll
+  for (int it = 0; it < kTotal / NT; ++it) {
+    const int i = it * NT + static_cast<int>(threadIdx.x);
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t t = row0 + r;
+    const bool ok = t < T;
+    cp_async16(smem_u32(tile + Ops::template swz<D>(r, c)), g + (ok ? t * st + c * Ops::kChunk : 0), ok);
+  }
+}
+
+/// The double-buffered K/V tiles of a kernel walking key tiles of BN rows:
+/// before tile kt, starts copying tile kt + 1 into the other buffers (ks, vs
+/// hold [2][BN][D]) and waits for this thread's copies of tile kt. A barrier
+/// must follow before any thread reads tile kt.
+template <class Ops, int D, int BN, int NT>
+__device__ __forceinline__ void next_kv_tile(typename Ops::E* ks, typename Ops::E* vs,
+                                             const typename Ops::E* kg, const typename Ops::E* vg,
+                                             int64_t kst, int64_t vst, int kt, int nkt, int64_t T) {
+  if (kt + 1 < nkt) {
+    const int nb = (kt + 1) & 1;
+    const int64_t k1 = static_cast<int64_t>(kt + 1) * BN;
+    load_tile<Ops, D, BN, NT>(ks + nb * BN * D, kg, kst, k1, T);
+    load_tile<Ops, D, BN, NT>(vs + nb * BN * D, vg, vst, k1, T);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
+/// Async copy of floats [row0, row0 + N) of `src` (zeros past T).
+template <int N, int NT>
+__device__ __forceinline__ void load_vec(float* dst, const float* src, int64_t row0, int64_t T) {
+  for (int i = threadIdx.x; i < N; i += NT) {
+    const int64_t t = row0 + i;
+    const bool ok = t < T;
+    cp_async4(smem_u32(dst + i), src + (ok ? t : 0), ok);
+  }
+}
+
+/// Writes a warp's 16 x D fp32 accumulators (times `mul`) into rows
+/// r0..r0+15 of a swizzled tile.
+template <class Ops, int D>
+__device__ __forceinline__ void stage_acc(typename Ops::E* tile, int r0, const float (&acc)[D / 8][4],
+                                          float mul, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int col = dt * 8 + 2 * t;
+      Ops::store2(tile + Ops::template swz<D>(r0 + g + 8 * hf, col / Ops::kChunk) + col % Ops::kChunk,
+                  acc[dt][2 * hf] * mul, acc[dt][2 * hf + 1] * mul);
+    }
+}
+
+/// A warp copies rows r0..r0+ROWS-1 of a swizzled tile to global rows
+/// grow0.. (those < T) with 16-byte stores.
+template <class Ops, int D, int ROWS>
+__device__ __forceinline__ void store_rows(const typename Ops::E* tile, int r0, typename Ops::E* g,
+                                           int64_t st, int64_t grow0, int64_t T, int lane) {
+  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
+  static_assert(kTotal % 32 == 0, "rows * chunks must be a multiple of the warp");
+#pragma unroll
+  for (int it = 0; it < kTotal / 32; ++it) {
+    const int i = it * 32 + lane;
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t t = grow0 + r;
+    if (t < T)
+      *reinterpret_cast<uint4*>(g + t * st + c * Ops::kChunk) =
+          *reinterpret_cast<const uint4*>(tile + Ops::template swz<D>(r0 + r, c));
+  }
+}
+
+/// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero: no probability that
+/// small changes a sum that is at least 1, nor a bf16 operand of the tile products).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/// A forward block's work: BM query rows from q0 of one (b, h), and the nkt
+/// key tiles of BN keys that some of them see (longest rows first across the
+/// grid). Note [Grouped-query attention]: K/V head h / G.
+template <class E, int BM, int BN>
+struct FwdBlock {
+  int64_t bh, b, h, T, q0;
+  int nkt;
+  const E* qg;
+  const E* kg;
+  const E* vg;
+
+  __device__ __forceinline__ explicit FwdBlock(const AttnFwdParams<E>& p) {
+    const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
+    bh = bid % bh_count;
+    b = bh / p.H, h = bh % p.H, T = p.T;
+    q0 = (p.tiles - 1 - bid / bh_count) * BM;
+    qg = p.q + b * p.sq.b + h * p.sq.h;
+    kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;
+    vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
+    const int64_t kend = q0 + BM < T ? q0 + BM : T;  // keys >= kend are masked for the whole block
+    nkt = static_cast<int>((kend + BN - 1) / BN);
+  }
+  /// Starts (and commits) the copies of the Q tile and the first K/V tiles.
+  template <class Ops, int D, int NT>
+  __device__ __forceinline__ void load_first(E* qs, E* ks, E* vs, const AttnFwdParams<E>& p) const {
+    load_tile<Ops, D, BM, NT>(qs, qg, p.sq.t, q0, T);
+    load_tile<Ops, D, BN, NT>(ks, kg, p.sk.t, 0, T);
+    load_tile<Ops, D, BN, NT>(vs, vg, p.sv.t, 0, T);
+    cp_async_commit();
+  }
+};
+
+/// Masks a warp's 16 x (8 NTL) score tile: rows row0 + g (+ 8), key columns
+/// k0 + 8 nt + 2 t (+ 1); a key after its query, or past T, becomes -inf.
+template <int NTL>
+__device__ __forceinline__ void mask_scores(float (&s)[NTL][4], int64_t row0, int64_t k0, int64_t T,
+                                            int lane) {
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + (e >> 1) * 8;
+      const int64_t col = k0 + nt * 8 + 2 * tq + (e & 1);
+      if (col > row || col >= T) s[nt][e] = -INFINITY;
+    }
+}
+
+/// One key tile's online softmax on a warp's 16 rows, in base 2 (scale > 0,
+/// so the max of the raw scores gives the max of the scaled ones): the lane's
+/// rows hf = 0, 1 are g + 8 hf; m is kept in scaled log2 units and
+/// p = 2^(s scale log2 e - m), one FFMA. s becomes P; l and o are rescaled.
+template <int NTL, int DT>
+__device__ __forceinline__ void softmax_update(float (&s)[NTL][4], float (&m)[2], float (&l)[2],
+                                               float (&o)[DT][4], float scale_log2) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NTL; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+    mx = quad_max(mx) * scale_log2;
+    const float m_new = fmaxf(m[hf], mx);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = fast_exp2(m[hf] - m_use);
+    m[hf] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NTL; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float pv = fast_exp2(fmaf(s[nt][2 * hf + j], scale_log2, -m_use));
+        s[nt][2 * hf + j] = pv;
+        sum += pv;
+      }
+    l[hf] = l[hf] * corr + sum;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][2 * hf] *= corr;
+      o[dt][2 * hf + 1] *= corr;
+    }
+  }
+}
+
+/// The end of the forward for a warp's 16 rows from row0: O /= l, and lse =
+/// ln 2 (m + log2 l) into lse_bh[row] (the (b, h) slab; skipped when null).
+template <int DT>
+__device__ __forceinline__ void finish_rows(float (&o)[DT][4], const float (&m)[2], const float (&l)[2],
+                                            float* lse_bh, int64_t row0, int64_t T, int lane) {
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const float lt = quad_sum(l[hf]);
+    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][2 * hf] *= inv;
+      o[dt][2 * hf + 1] *= inv;
+    }
+    const int64_t row = row0 + g + 8 * hf;
+    if (lse_bh && tq == 0 && row < T) lse_bh[row] = (m[hf] + log2f(lt)) * kLn2;
+  }
+}
+
+}  // namespace bt::kernels::cuda::detail
