@@ -366,6 +366,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
                   {DType::F32, k::GemmMath::Strict, false, "f32 (strict, causal)"},
                   {DType::F32, k::GemmMath::Tf32x3, false, "f32 (3xTF32, causal)"},
                   {DType::F32, k::GemmMath::Tf32, false, "f32 (TF32, causal)"}};
+  const bool wgmma_was = k::cuda::attention_wgmma_enabled();
   for (const auto& var : variants) {
     if (var.wgmma && !k::cuda::attention_wgmma_available()) continue;
     k::cuda::set_attention_wgmma(var.wgmma);
@@ -421,7 +422,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
                       ref_ms > 0 ? "PyTorch SDPA (" + backend + ")" : "old SIMT kernel"});
     }
   }
-  k::cuda::set_attention_wgmma(true);
+  k::cuda::set_attention_wgmma(wgmma_was);
 }
 
 std::string table(const std::vector<Row>& rows) {

@@ -143,11 +143,13 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
 /// The Hopper forward (kernels/cuda/sm90a/attention_wgmma.cu, wgmma): a BF16
 /// forward with D = 64 on the tensor-core path runs it when this build has
 /// the sm_90a kernels, the current device is compute capability 9.0, and it
-/// is not turned off (BT_ATTENTION_WGMMA=0 in the environment at start, or
-/// set_attention_wgmma(false)); else the mma.sync kernels. Same results within
-/// bf16 rounding, not the same bits (other tile shapes).
+/// is turned on (BT_ATTENTION_WGMMA=1 in the environment at start, or
+/// set_attention_wgmma(true): off by default until a GPU run has measured it
+/// in training); else the mma.sync kernels. Same results within bf16
+/// rounding, not the same bits.
 bool attention_wgmma_available();
 bool attention_forward_uses_wgmma(const AttnForward& a);
+bool attention_wgmma_enabled();  // the switch alone
 void set_attention_wgmma(bool on);
 }  // namespace cuda
 #endif

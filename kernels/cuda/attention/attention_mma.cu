@@ -590,10 +590,11 @@ void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t strea
 namespace bt::kernels::cuda {
 namespace {
 
-// BT_ATTENTION_WGMMA=0 at start turns the Hopper forward off; set_attention_wgmma changes it.
+// Off until a GPU run has checked and measured it in training: BT_ATTENTION_WGMMA=1
+// at start turns it on, set_attention_wgmma changes it.
 std::atomic<bool> g_wgmma_on{[] {
   const char* v = std::getenv("BT_ATTENTION_WGMMA");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }()};
 
 }  // namespace
@@ -615,6 +616,7 @@ bool attention_forward_uses_wgmma(const AttnForward& a) {
          attention_forward_path(a) == AttnPath::TensorCore && attention_wgmma_available();
 }
 
+bool attention_wgmma_enabled() { return g_wgmma_on.load(); }
 void set_attention_wgmma(bool on) { g_wgmma_on.store(on); }
 
 }  // namespace bt::kernels::cuda

@@ -3,7 +3,7 @@
 // kernels/cuda/attention/attention_mma.cu with its two products moved from
 // per-warp mma.sync to per-warpgroup wgmma (kernels/cuda/sm90a/wgmma.cuh).
 // Built for sm_90a only; attention_forward_mma dispatches here on an sm_90
-// device when attention_wgmma_enabled() (kernels/attention.h).
+// device when attention_forward_uses_wgmma (kernels/attention.h).
 //
 // One block = NWG warpgroups = BM = 64 NWG query rows of one (b, h); warpgroup
 // w owns rows 64 w .. 64 w + 63, its warp i rows 16 i .. 16 i + 15 of those.

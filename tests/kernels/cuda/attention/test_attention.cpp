@@ -9,9 +9,10 @@
 // Unaligned* tests run the SIMT fallback, also on shapes the fast paths take.
 // The GroupedQuery* tests run each path with Hkv in {H, H / 2, 1} key/value
 // heads (Note [Grouped-query attention]), and the determinism of their backward.
-// On an sm_90 device the bf16 forward at D = 64 runs the Hopper wgmma kernel
-// by default: the TensorCore* tests turn it off to test the mma.sync kernels,
-// and the Wgmma* tests run it (they skip where it is not available).
+// On an sm_90 device the bf16 forward at D = 64 can run the Hopper wgmma
+// kernel (cuda::set_attention_wgmma): the TensorCore* tests turn it off to test
+// the mma.sync kernels, and the Wgmma* tests on (they skip where it is not
+// available).
 // A test named after a path first asserts that its calls take that path
 // (cuda::attention_*_path, which the dispatcher switches on; its host test is
 // tests/kernels/common/test_attention_path.cpp).
@@ -176,10 +177,13 @@ double tol_of(DType dt, GemmMath math) {
 /// Turns the Hopper wgmma forward on or off for a scope (cuda::set_attention_wgmma).
 class WgmmaScope {
  public:
-  explicit WgmmaScope(bool on) { cuda::set_attention_wgmma(on); }
-  ~WgmmaScope() { cuda::set_attention_wgmma(true); }
+  explicit WgmmaScope(bool on) : prev_(cuda::attention_wgmma_enabled()) { cuda::set_attention_wgmma(on); }
+  ~WgmmaScope() { cuda::set_attention_wgmma(prev_); }
   WgmmaScope(const WgmmaScope&) = delete;
   WgmmaScope& operator=(const WgmmaScope&) = delete;
+
+ private:
+  bool prev_;
 };
 
 /// A BF16 D = 64 forward on the tensor-core path, as run_vs_f64 makes one: does it run the wgmma kernel?
