@@ -8,9 +8,11 @@
 #   docker run --rm --gpus all blutrain --help
 #   docker build --build-arg CUDA_TAG=13.0.0 --build-arg BT_CUDA_ARCHITECTURES="80;90" -t blutrain .
 #
-# The image is built without MLIR (BT_SKIP_MLIR=1): nothing in `blutrain` uses
-# it yet (the compiler is a later milestone), so the runtime stage needs no
-# LLVM/MLIR libraries.
+# The image is built without MLIR (BT_SKIP_MLIR=1), so the runtime stage needs
+# no LLVM/MLIR libraries; in it, `train.compile: true` says the compiler is not
+# available and trains eagerly. The compiler generates CPU code only so far
+# (docs/compiler.md); shipping it in the image, once it generates CUDA code,
+# needs MLIR 19's libMLIR and libLLVM in the runtime stage.
 
 ARG CUDA_TAG=13.0.0
 

@@ -22,6 +22,19 @@
 // (arith.extf, the f32 op, arith.truncf); a bf16 sum accumulates in f32; a
 // cast from f64 to bf16 goes through f32, as the eager cast does; no fast-math
 // flags, so nothing is contracted or reassociated.
+//
+// Note [Row sums in the eager order]
+// A Sum over one dim that kernels/cpu/reduce.cpp treats as a row (no larger
+// dim after it) is not emitted as one reduction loop: that would add in
+// another order than the eager kernel, and over a long row (a gradient norm
+// over a whole embedding) a plain f32 chain drifts by 1e-4 of the result.
+// It follows sum_row instead: for each chunk of 4096, 8 partial sums over
+// x[8 k + l] (a generic over (k, l) reading index 8 k + l, with a dummy
+// operand that gives the k loop its trip count), combined as
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), then the chunk's tail
+// in order; the chunk sums added in f64, in order, and rounded once. Compiled
+// and eager row sums then agree bit for bit (MlirBackend.RowSumsFollowTheEagerOrderBitForBit).
+// Sums over other dims already agree: both add the rows in order.
 #pragma once
 
 #include <string>

@@ -48,10 +48,7 @@ class CpuKernel final : public fusion::Kernel {
       desc.push_back(std::move(d));
     };
     for (const Tensor& t : inputs) add(t);
-    for (const Tensor& t : outputs) {
-      add(t);
-      t.bump_version();
-    }
+    for (const Tensor& t : outputs) add(t);
     module_->call(func_, desc);
   }
 

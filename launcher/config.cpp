@@ -63,6 +63,9 @@ const std::vector<Key>& keys() {
              "(auto: selective under bf16, else none)"),
       BT_KEY("train.cuda_graph", train.cuda_graph,
              "CUDA: after two eager steps, capture the step as a CUDA graph and replay it (one process)"),
+      BT_KEY("train.compile", train.compile,
+             "fuse the step's elementwise and reduction regions into compiled kernels (needs MLIR 19; "
+             "BT_COMPILE=0 turns it off; see docs/compiler.md)"),
       BT_KEY("train.seed", train.seed, "seed of the init, the data order and sampling"),
       BT_KEY("train.eval_every", train.eval_every, "steps between validation passes (0: at the end only)"),
       BT_KEY("train.eval_batches", train.eval_batches, "micro-batches per validation pass"),
@@ -86,6 +89,10 @@ const std::vector<Key>& keys() {
              "also keep every checkpoint whose step divides by this"),
       BT_KEY("checkpoint.async", checkpoint.async,
              "write checkpoints on a background thread while training goes on"),
+      BT_KEY("compile.dump", compile.dump,
+             "folder where each fusion group's stages are written (empty: none)"),
+      BT_KEY("compile.check", compile.check,
+             "run each newly compiled group eagerly too and report the largest relative difference"),
   };
   return k;
 }
@@ -179,12 +186,13 @@ std::vector<std::pair<std::string, YAML::Node>> flatten(const YAML::Node& root, 
   std::vector<std::pair<std::string, YAML::Node>> out;
   if (!root || root.IsNull()) return out;
   BT_CHECK(root.IsMap(), where,
-           " must be a YAML mapping of sections (model:, data:, train:, dist:, checkpoint:)");
+           " must be a YAML mapping of sections (model:, data:, train:, dist:, checkpoint:, compile:)");
   for (const auto& sec : root) {
     const std::string s = sec.first.as<std::string>();
-    BT_CHECK(s == "model" || s == "data" || s == "train" || s == "dist" || s == "checkpoint",
-             "unknown config section '", s, "' in ", where,
-             "; the sections are model, data, train, dist and checkpoint");
+    BT_CHECK(
+        s == "model" || s == "data" || s == "train" || s == "dist" || s == "checkpoint" || s == "compile",
+        "unknown config section '", s, "' in ", where,
+        "; the sections are model, data, train, dist, checkpoint and compile");
     if (sec.second.IsNull()) continue;
     BT_CHECK(sec.second.IsMap(), "config section '", s, "' in ", where, " must be a mapping of keys");
     for (const auto& kv : sec.second) out.emplace_back(s + "." + kv.first.as<std::string>(), kv.second);

@@ -146,6 +146,11 @@ void MetricsWriter::write(const train::StepStats& s, std::optional<double> val_l
   j["optimizer_state_bytes"] = s.optimizer_state_bytes;
   j["gradient_bytes"] = s.gradient_bytes;
   j["parameter_bytes"] = s.parameter_bytes;
+  if (s.compiled) {  // train.compile (docs/compiler.md)
+    j["compile_s"] = s.compile_s;
+    j["fused_groups"] = s.fused_groups;
+    j["recompiles"] = s.recompiles;
+  }
   if (val_loss) j["val_loss"] = *val_loss;
   const std::string line = j.dump() + "\n";
   BT_CHECK(std::fputs(line.c_str(), f_) >= 0 && std::fflush(f_) == 0, "cannot write the metrics file '",

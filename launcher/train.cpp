@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "compiler/mlir_backend.h"
 #include "launcher/checkpointing.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
@@ -110,6 +111,8 @@ int run_train(int argc, char** argv) {
     }
   }
 
+  // train.compile: the compiler's backend, before the Trainer asks for it (docs/compiler.md).
+  if (cfg.train.compile) compiler::install_fusion_backend({cfg.compile.dump});
   // Initial weights go in before the strategy takes the parameters over.
   auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
     if (!o.init_weights.empty()) load_model_into(o.init_weights, m);

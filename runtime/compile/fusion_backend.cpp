@@ -2,6 +2,8 @@
 
 #include <mutex>
 
+#include "runtime/compile/lazy.h"
+
 namespace bt::fusion {
 namespace {
 
@@ -29,8 +31,11 @@ std::shared_ptr<Backend> backend() {
 }
 
 void set_backend(std::shared_ptr<Backend> b) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  g_backend = b ? std::move(b) : std::make_shared<NoopBackend>();
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_backend = b ? std::move(b) : std::make_shared<NoopBackend>();
+  }
+  clear_kernel_cache();  // lazy fusion's kernels came from the backend that was installed
 }
 
 }  // namespace bt::fusion

@@ -21,7 +21,8 @@ class Kernel {
   virtual ~Kernel() = default;
   /// Writes the group's outputs into `outputs` from `inputs` (check_tensors'
   /// rules: the group's shapes and dtypes, one device, outputs contiguous and
-  /// apart from the inputs; inputs may be strided views). Throws bt::Error on a mismatch.
+  /// apart from the inputs; inputs may be strided views). Throws bt::Error on
+  /// a mismatch. Version counters are the caller's business: run() bumps none.
   virtual void run(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
 };
 
@@ -39,7 +40,8 @@ class Backend {
 
 /// The installed backend (the no-op one until set_backend is called).
 std::shared_ptr<Backend> backend();
-/// Installs `b` process-wide; nullptr puts the no-op backend back.
+/// Installs `b` process-wide; nullptr puts the no-op backend back. Lazy
+/// fusion's compiled kernels (runtime/compile/lazy.h) are dropped.
 void set_backend(std::shared_ptr<Backend> b);
 
 }  // namespace bt::fusion

@@ -222,8 +222,13 @@ void Group::validate_node(int i) const {
         BT_CHECK(n.args.size() == 1 && arg(0).dtype == n.dtype && arg(0).shape == n.shape, where(*this, i),
                  " (", op_name(n.op), ") takes one argument of its dtype and shape");
       } else {
-        BT_CHECK(n.args.size() == 2 && arg(0).dtype == n.dtype && arg(1).dtype == n.dtype, where(*this, i),
-                 " (", op_name(n.op), ") takes two arguments of its dtype");
+        // A scalar may also be in the node's compute type: f32 for bf16, as the kernels' scalar ops hold it.
+        const auto fits = [&](const Node& x) {
+          return x.dtype == n.dtype ||
+                 (x.op == Op::Scalar && n.dtype == DType::BF16 && x.dtype == DType::F32);
+        };
+        BT_CHECK(n.args.size() == 2 && fits(arg(0)) && fits(arg(1)), where(*this, i), " (", op_name(n.op),
+                 ") takes two arguments of its dtype (a scalar of a bf16 op may be f32)");
         BT_CHECK(broadcast_shapes(arg(0).shape, arg(1).shape, op_name(n.op)) == n.shape, where(*this, i),
                  " has shape ", shape_str(n.shape), ", not its arguments' broadcast shape");
       }
@@ -285,6 +290,19 @@ void check_tensors(const Group& g, const std::vector<Tensor>& inputs, const std:
   }
 }
 
+double relative_difference(const Tensor& a, const Tensor& b) {
+  NoGradGuard no_grad;
+  const std::vector<double> x = a.to(DType::F64).to_vector<double>(),
+                            y = b.to(DType::F64).to_vector<double>();
+  BT_CHECK(x.size() == y.size(), "relative_difference: ", x.size(), " elements against ", y.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 // ---------------------------------------------------------------- eager
 std::vector<Tensor> run_eager(const Group& g, const std::vector<Tensor>& inputs) {
   g.validate();
@@ -296,6 +314,31 @@ std::vector<Tensor> run_eager(const Group& g, const std::vector<Tensor>& inputs)
   const Device dev = inputs.empty() ? Device::cpu() : inputs[0].device();
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
+    // A bf16 op with an f32 scalar computes in f32 and rounds once, as the kernels do.
+    const bool widen = is_binary(n.op) && n.dtype == DType::BF16 &&
+                       (g.nodes[n.args[0]].dtype == DType::F32 || g.nodes[n.args[1]].dtype == DType::F32);
+    if (widen) {
+      const Tensor x = v[n.args[0]].to(DType::F32), y = v[n.args[1]].to(DType::F32);
+      Tensor r;
+      switch (n.op) {
+        case Op::Add:
+          r = add(x, y);
+          break;
+        case Op::Sub:
+          r = sub(x, y);
+          break;
+        case Op::Mul:
+          r = mul(x, y);
+          break;
+        case Op::Div:
+          r = div(x, y);
+          break;
+        default:
+          r = pow(x, y);
+      }
+      v[i] = r.to(DType::BF16);
+      continue;
+    }
     const auto a = [&](size_t k) -> const Tensor& { return v[n.args[k]]; };
     switch (n.op) {
       case Op::Input:

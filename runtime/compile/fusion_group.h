@@ -8,7 +8,9 @@
 //   Input k     the group's k-th argument (a tensor of that shape and dtype;
 //               any strides)
 //   Scalar v    the constant v rounded to the node's dtype, shape [] (it
-//               broadcasts anywhere)
+//               broadcasts anywhere); an argument of elementwise ops only.
+//               A bf16 op's scalar may be f32, as the kernels' scalar ops
+//               hold it (the op then computes in f32 and rounds once)
 //   Neg Exp Log Tanh Sqrt             elementwise on one argument of the same shape
 //   Add Sub Mul Div Pow               elementwise on two arguments whose shapes
 //                                     broadcast (NumPy rules) to the node's shape
@@ -84,6 +86,10 @@ struct Group {
 /// any input); `what` names the caller in the error.
 void check_tensors(const Group& g, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                    const char* what);
+
+/// ||a - b|| / ||b|| over all elements, in double (||a - b|| when b is all
+/// zeros): how compiled groups are compared with run_eager (compile.check, tests).
+double relative_difference(const Tensor& a, const Tensor& b);
 
 /// The group's outputs computed by the eager ops from `inputs` (not recorded by autograd).
 std::vector<Tensor> run_eager(const Group& g, const std::vector<Tensor>& inputs);

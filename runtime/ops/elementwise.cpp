@@ -2,6 +2,7 @@
 
 #include "kernels/elementwise.h"
 #include "runtime/autograd/function.h"
+#include "runtime/compile/lazy.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
@@ -15,6 +16,40 @@ using kernels::UnaryOp;
 
 constexpr std::initializer_list<DType> kFloat = {DType::F32, DType::F64, DType::BF16};
 
+fusion::Op fusion_op(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add:
+      return fusion::Op::Add;
+    case BinaryOp::Sub:
+      return fusion::Op::Sub;
+    case BinaryOp::Mul:
+      return fusion::Op::Mul;
+    case BinaryOp::Div:
+      return fusion::Op::Div;
+    case BinaryOp::Pow:
+      break;
+  }
+  return fusion::Op::Pow;
+}
+
+/// The fusion op of a unary op without a scalar.
+fusion::Op fusion_op(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg:
+      return fusion::Op::Neg;
+    case UnaryOp::Exp:
+      return fusion::Op::Exp;
+    case UnaryOp::Log:
+      return fusion::Op::Log;
+    case UnaryOp::Tanh:
+      return fusion::Op::Tanh;
+    case UnaryOp::Sqrt:
+      return fusion::Op::Sqrt;
+    default:
+      BT_FAIL("fusion_op: unary op ", static_cast<int>(op), " takes a scalar");
+  }
+}
+
 Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   detail::check_defined(name, a, "a");
   detail::check_defined(name, b, "b");
@@ -22,6 +57,8 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, const char* nam
   detail::check_same_dtype(name, a, b);
   detail::check_dtype(name, a, "a", kFloat);
   const Shape out_shape = broadcast_shapes(a.shape(), b.shape(), name);
+  if (fusion::lazy_recording(a.device()) && shape_numel(out_shape) > 0)  // Note [Lazy fusion]
+    return fusion::lazy_binary(fusion_op(op), a, b);
   Tensor y = empty(out_shape, a.options());
   const auto la = detail::broadcast_layout(a, out_shape), lb = detail::broadcast_layout(b, out_shape);
   detail::on_device(
@@ -35,6 +72,18 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, const char* nam
 Tensor unary_raw(UnaryOp op, const Tensor& a, double scalar, const char* name) {
   detail::check_defined(name, a, "input");
   detail::check_dtype(name, a, "input", kFloat);
+  if (fusion::lazy_recording(a.device()) && a.numel() > 0) {  // Note [Lazy fusion]
+    switch (op) {
+      case UnaryOp::AddScalar:
+        return fusion::lazy_scalar(fusion::Op::Add, a, scalar);
+      case UnaryOp::MulScalar:
+        return fusion::lazy_scalar(fusion::Op::Mul, a, scalar);
+      case UnaryOp::PowScalar:
+        return fusion::lazy_scalar(fusion::Op::Pow, a, scalar);
+      default:
+        return fusion::lazy_unary(fusion_op(op), a.contiguous());
+    }
+  }
   Tensor x = a.contiguous();
   Tensor y = empty(x.shape(), x.options());
   detail::on_device(

@@ -8,6 +8,7 @@
 #include "kernels/sum_squares.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/compile/lazy.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/tensor/factory.h"
@@ -39,6 +40,8 @@ Split split_at(const Shape& s, int d) {
 /// bf16 Sum/Mean). argmax (I64) is filled for Max when non-null.
 Tensor reduce_one(ReduceOp op, const Tensor& x_in, int d, Tensor* argmax, DType out) {
   detail::check_dtype("reduce", x_in, "input", {DType::F32, DType::F64, DType::BF16});
+  if (op == ReduceOp::Sum && !argmax && x_in.numel() > 0 && fusion::lazy_recording(x_in.device()))
+    return fusion::lazy_sum(x_in.contiguous(), d, out);  // Note [Lazy fusion]
   Tensor x = x_in.contiguous();
   const Split p = split_at(x.shape(), d);
   BT_CHECK(op != ReduceOp::Max || p.dim > 0, "max: cannot reduce an empty dimension (size 0)");

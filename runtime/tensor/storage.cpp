@@ -4,6 +4,8 @@
 
 namespace bt {
 
+std::atomic<PendingFlush> g_pending_flush{nullptr};
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, const Device& device, const Stream& stream,
                                            bool pinned) {
   auto s = std::make_shared<Storage>();

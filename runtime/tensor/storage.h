@@ -20,6 +20,18 @@ struct RecomputeTag {
   virtual ~RecomputeTag() = default;
 };
 
+/// What runtime/compile/lazy.cpp hangs on a storage whose values are not
+/// computed yet (Note [Lazy fusion] in runtime/compile/lazy.h).
+struct PendingValue {
+  virtual ~PendingValue() = default;
+};
+
+/// Computes every pending value: what a read or write of a storage that is
+/// pending, or read by pending work, runs first (Tensor::data_ptr). Set by
+/// runtime/compile/lazy.cpp; null (nothing to do) until lazy fusion is used.
+using PendingFlush = void (*)();
+extern std::atomic<PendingFlush> g_pending_flush;
+
 // Note [Version counter]
 // Every in-place write to a storage bumps `version`. Views share the storage
 // and so share the counter. Autograd records the version of each tensor it
@@ -33,6 +45,10 @@ struct Storage {
   bool pinned = false;
   std::atomic<uint64_t> version{0};
   std::shared_ptr<RecomputeTag> recompute;  // Note [Selective recompute]
+  /// Note [Lazy fusion]: set while the values are not computed (data is null);
+  /// lazy_readers counts the pending ops that read this storage.
+  std::shared_ptr<PendingValue> pending;
+  std::atomic<int> lazy_readers{0};
 
   Storage() = default;
   Storage(const Storage&) = delete;

@@ -25,6 +25,11 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
+  const Storage& st = *impl_->storage;
+  if (st.pending || st.lazy_readers.load(std::memory_order_relaxed) > 0) {
+    // Note [Lazy fusion]: compute what is pending before this data is read or written.
+    if (const PendingFlush flush = g_pending_flush.load()) flush();
+  }
   BT_CHECK(impl_->storage->resident(),
            "this tensor's memory was released (Note [Released storage]): a ZeRO-3 parameter read outside "
            "its unit's forward/backward; gather the parameters first (Strategy::gather_parameters)");

@@ -34,6 +34,7 @@ struct TrainOptions {
   std::string precision = "fp32";  // fp32 | tf32 | fp32x3 | bf16
   std::string recompute = "auto";  // auto | none | selective | full (Note [Recompute defaults])
   bool cuda_graph = true;  // CUDA: replay each step as one captured graph (Note [Whole-step CUDA graphs])
+  bool compile = false;    // fuse the step's elementwise and reduction regions (Note [Lazy fusion])
   uint64_t seed = 1337;
   int64_t eval_every = 100;  // steps; 0 = only at the end (if data.val is set)
   int64_t eval_batches = 20;
@@ -57,6 +58,12 @@ struct CheckpointOptions {
   bool async = false;      // write on a background thread (Note [Asynchronous checkpoints])
 };
 
+/// The `compile:` section: how train.compile compiles (docs/compiler.md).
+struct CompileOptions {
+  std::string dump;    // folder for each fusion group's stages; empty = none
+  bool check = false;  // run each new group eagerly too and report the largest difference
+};
+
 /// The `dist:` section: how a job of several ranks splits the work (ignored
 /// by a single process). See docs/distributed.md.
 struct DistOptions {
@@ -72,6 +79,7 @@ struct TrainConfig {
   TrainOptions train;
   DistOptions dist;
   CheckpointOptions checkpoint;
+  CompileOptions compile;
 
   /// The micro-batch a job of `world` ranks runs: train.micro_batch when it
   /// fits, else the largest that does (Note [Batch split]). Throws a bt::Error

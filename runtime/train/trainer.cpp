@@ -1,7 +1,9 @@
 #include "runtime/train/trainer.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -9,6 +11,8 @@
 #include "kernels/common/error.h"
 #include "runtime/alloc/allocator.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/compile/fusion_backend.h"
+#include "runtime/compile/lazy.h"
 #include "runtime/core/profiler.h"
 #include "runtime/core/stream.h"
 #include "runtime/dist/world.h"
@@ -139,6 +143,20 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   else if (profiling_enabled())
     graph_off_ = "BT_PROFILE synchronizes inside the step";
   if (cuda && t.cuda_graph && !graph_off_.empty()) notice_ = "CUDA graphs off: " + graph_off_;
+  // train.compile (Note [Lazy fusion] in runtime/compile/lazy.h): the step's
+  // fusible ops are recorded and computed as compiled fusion groups.
+  if (t.compile) {
+    const char* env = std::getenv("BT_COMPILE");
+    const std::string why = env && std::string(env) == "0" ? std::string("BT_COMPILE=0 is set")
+                                                           : fusion::backend()->unavailable(device_);
+    compile_ = why.empty();
+    const std::string line =
+        compile_ ? cat("train.compile: fusing the step's elementwise and reduction regions (",
+                       fusion::backend()->name(), " backend",
+                       cfg_.compile.dump.empty() ? "" : ", dumps in " + cfg_.compile.dump, ")")
+                 : cat("train.compile: off, the step runs eagerly: ", why);
+    notice_ = notice_.empty() ? line : notice_ + "\n" + line;
+  }
   if (cuda) cuda_reset_peak_stats(device_.index);
 }
 
@@ -160,6 +178,8 @@ void Trainer::stage(int64_t j, const Batch& b) {
 }
 
 void Trainer::device_step() {
+  std::optional<fusion::LazyScope> lazy;  // computes what is pending when the step ends
+  if (compile_) lazy.emplace(fusion::LazyOptions{cfg_.compile.check});
   {
     ProfileScope prof("zero_grad");
     strategy_->zero_grad();
@@ -230,6 +250,7 @@ StepStats Trainer::step() {
     update_fence_.reset();
   }
   std::vector<float> rep;
+  const fusion::LazyStats before = fusion::lazy_stats();
   {
     StreamGuard on(stream_);
     if (graph_.captured()) {
@@ -264,6 +285,22 @@ StepStats Trainer::step() {
   s.optimizer_state_bytes = strategy_->optimizer_state_bytes();
   s.gradient_bytes = strategy_->gradient_bytes();
   s.parameter_bytes = strategy_->parameter_bytes();
+  if (compile_) {
+    const fusion::LazyStats after = fusion::lazy_stats();
+    s.compiled = true;
+    s.compile_s = after.compile_s - before.compile_s;
+    s.fused_groups = after.groups_run - before.groups_run;
+    const int64_t compiled = after.kernels_compiled - before.kernels_compiled;
+    if (compile_steps_++ > 0 && compiled > 0) {  // after this run's first step: a new region or shape
+      s.recompiles = compiled;
+      notice_ = cat("step ", s.step, ": compiled ", compiled,
+                    " new fusion group(s) after the first step (a shape or a region changed)");
+    }
+    if (after.eager_fallbacks > before.eager_fallbacks)
+      notice_ = cat(notice_.empty() ? "" : notice_ + "\n", "step ", s.step, ": ",
+                    after.eager_fallbacks - before.eager_fallbacks,
+                    " fusion group(s) ran eagerly (they did not compile; see the warnings above)");
+  }
   return s;
 }
 

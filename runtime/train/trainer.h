@@ -92,6 +92,10 @@ struct StepStats {
   uint64_t optimizer_state_bytes = 0;  // AdamW m and v held by this rank
   uint64_t gradient_bytes = 0;         // gradient buffers this rank keeps between steps
   uint64_t parameter_bytes = 0;        // f32 parameters this rank keeps between steps
+  bool compiled = false;               // train.compile was in effect (the next three are set)
+  double compile_s = 0;                // seconds spent compiling fusion groups in this step
+  int64_t fused_groups = 0;            // fusion groups this step computed
+  int64_t recompiles = 0;              // groups compiled in this step, after this run's first step
 };
 
 /// The scalar training state a checkpoint keeps besides the state pieces.
@@ -185,6 +189,8 @@ class Trainer {
   std::string graph_off_;  // why steps are not captured ("" while they may be)
   int64_t eager_steps_ = 0;
   std::string notice_;
+  bool compile_ = false;       // train.compile in effect (Note [Lazy fusion]; off without a compiler)
+  int64_t compile_steps_ = 0;  // steps this Trainer ran with it
   /// Copies micro-batch `j` into the staging tensors after checking its ids.
   void stage(int64_t j, const Batch& b);
   /// The step's device work, from the staged batches and scalars to the

@@ -4,7 +4,7 @@
 // and zero3 give the same bits, within bf16's rounding of fp32; a rank that
 // fails ends the whole job with its message, also when it is one rank failing
 // while the others wait for it in a collective (Note [One failing rank]; over
-// NCCL on a machine with 2 GPUs).
+// NCCL on a machine with 2 GPUs); and train.compile changes none of it.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -196,6 +196,43 @@ TEST_F(TrainDist, FullRecomputeGivesTheSameBitsUnderDdpAndZero3) {
     }
     const WeightDiff wd = weight_diff(load_weights(file(strategy + "_full.h5")).tensors,
                                       load_weights(file(strategy + "_none.h5")).tensors);
+    EXPECT_TRUE(wd.identical) << strategy << ": most in " << wd.where << " (" << wd.worst << " relative)";
+  }
+}
+
+// train.compile under ddp and zero3 (docs/compiler.md): each rank fuses its
+// own step's regions lazily, collectives and ZeRO-3's gathers read what they
+// need when they need it (Note [Lazy fusion]); 2 ranks with compile on match
+// one process with it on, as without it (EveryStrategyMatchesOneProcess), and
+// give the same bits as the same 2 ranks with it off.
+TEST_F(TrainDist, CompileMatchesUnderDdpAndZero3) {
+  const std::string run5 = base_ + " --set train.steps=5";
+  Result one = run(run5 + " --set train.compile=true --metrics " + file("c1.jsonl"));
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_NE(one.out.find("train.compile: fusing"), std::string::npos) << one.out;
+  const std::vector<nlohmann::json> ref = jsonl_rows(file("c1.jsonl"));
+  ASSERT_EQ(ref.size(), 5u);
+  for (const std::string strategy : {"ddp", "zero3"}) {
+    for (const std::string compile : {"true", "false"}) {
+      const std::string tag = strategy + "_" + compile;
+      Result r = run(test::mpirun_prefix(2) + run5 + " --set dist.strategy=" + strategy +
+                     " --set train.compile=" + compile + " --metrics " + file(tag + ".jsonl") +
+                     " --save-weights " + file(tag + ".h5"));
+      ASSERT_EQ(r.status, 0) << tag << "\n" << r.out;
+    }
+    const std::vector<nlohmann::json> on = jsonl_rows(file(strategy + "_true.jsonl")),
+                                      off = jsonl_rows(file(strategy + "_false.jsonl"));
+    ASSERT_EQ(on.size(), 5u);
+    ASSERT_EQ(off.size(), 5u);
+    for (size_t i = 0; i < on.size(); ++i) {
+      const double a = on[i].at("loss").get<double>(), b = ref[i].at("loss").get<double>();
+      EXPECT_LT(std::fabs(a - b) / std::fabs(b), 1e-6) << strategy << ", step " << i + 1;
+      EXPECT_EQ(on[i].at("loss"), off[i].at("loss")) << strategy << ", step " << i + 1;
+      EXPECT_GT(on[i].at("fused_groups").get<int64_t>(), 0) << strategy << ", step " << i + 1;
+      EXPECT_EQ(on[i].at("recompiles").get<int64_t>(), 0) << strategy << ", step " << i + 1;
+    }
+    const WeightDiff wd = weight_diff(load_weights(file(strategy + "_true.h5")).tensors,
+                                      load_weights(file(strategy + "_false.h5")).tensors);
     EXPECT_TRUE(wd.identical) << strategy << ": most in " << wd.where << " (" << wd.worst << " relative)";
   }
 }

@@ -57,6 +57,20 @@ class TrainerTest : public ::testing::Test {
   std::string train_glob_, val_glob_;
 };
 
+TEST_F(TrainerTest, CompileWithoutACompilerSaysItIsUnavailable) {
+  // This program installs no fusion backend: the runtime's no-op one.
+  TrainConfig c = config();
+  c.train.compile = true;
+  Trainer t(c);
+  const std::string notice = t.take_notice();
+  EXPECT_NE(notice.find("train.compile: off, the step runs eagerly: no compiler is available"),
+            std::string::npos)
+      << notice;
+  const StepStats s = t.step();
+  EXPECT_FALSE(s.compiled);
+  EXPECT_TRUE(std::isfinite(s.loss));
+}
+
 TEST_F(TrainerTest, LossFallsAndStatsAreFilled) {
   Trainer t(config());
   const double val0 = t.evaluate();

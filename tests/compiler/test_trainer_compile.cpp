@@ -1,0 +1,78 @@
+// train.compile on the CPU with the MLIR backend (Note [Lazy fusion]): the
+// same per-step losses and gradient norms as eager training, every step's
+// fusible regions computed as compiled groups, all of them compiled on the
+// first step, and BT_COMPILE=0 turning it off. (Without a compiler, the
+// Trainer says train.compile is unavailable: tests/runtime/train/test_trainer.cpp.)
+#include <cmath>
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "compiler/mlir_backend.h"
+#include "runtime/compile/fusion_backend.h"
+#include "runtime/compile/lazy.h"
+#include "runtime/train/trainer.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/token_data.h"
+
+namespace bt::train {
+namespace {
+
+class TrainerCompile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(compiler::install_fusion_backend());
+    fusion::clear_kernel_cache();
+    glob_ = test::write_token_shards(dir_.path().string(), "train", 2, 3000, 64, 1);
+  }
+  void TearDown() override { fusion::set_backend(nullptr); }
+  TrainConfig config(bool compile) const {
+    TrainConfig c;
+    c.model.n_layer = 2;
+    c.model.n_head = 2;
+    c.model.n_embd = 32;
+    c.model.seq_len = 16;
+    c.model.vocab_size = 64;
+    c.data.train = glob_;
+    c.train.device = "cpu";
+    c.train.steps = 20;
+    c.train.batch_size = 8;
+    c.train.micro_batch = 4;  // two micro-batches: accumulation runs too
+    c.train.lr = 3e-3;
+    c.train.warmup_steps = 3;
+    c.train.compile = compile;
+    return c;
+  }
+  test::TempDir dir_{"bt_trainer_compile"};
+  std::string glob_;
+};
+
+TEST_F(TrainerCompile, GivesTheEagerLossesAndCompilesOnlyOnTheFirstStep) {
+  Trainer eager(config(false)), compiled(config(true));
+  EXPECT_NE(compiled.take_notice().find("train.compile: fusing"), std::string::npos);
+  for (int i = 0; i < 20; ++i) {
+    const StepStats a = eager.step(), b = compiled.step();
+    SCOPED_TRACE(::testing::Message() << "step " << b.step);
+    EXPECT_LE(std::abs(b.loss - a.loss), 1e-6 * std::abs(a.loss));
+    EXPECT_LE(std::abs(b.grad_norm - a.grad_norm), 1e-6 * std::abs(a.grad_norm));
+    EXPECT_FALSE(a.compiled);
+    ASSERT_TRUE(b.compiled);
+    EXPECT_GT(b.fused_groups, 0);
+    EXPECT_EQ(b.recompiles, 0);
+    if (i == 0) EXPECT_GT(b.compile_s, 0.0);
+    if (i > 0) EXPECT_EQ(b.compile_s, 0.0) << "every group was compiled on the first step";
+  }
+  EXPECT_EQ(fusion::lazy_stats().eager_fallbacks, 0);
+}
+
+TEST_F(TrainerCompile, BtCompileZeroTurnsItOff) {
+  ::setenv("BT_COMPILE", "0", 1);
+  Trainer t(config(true));
+  ::unsetenv("BT_COMPILE");
+  EXPECT_NE(t.take_notice().find("train.compile: off, the step runs eagerly: BT_COMPILE=0 is set"),
+            std::string::npos);
+  EXPECT_FALSE(t.step().compiled);
+}
+
+}  // namespace
+}  // namespace bt::train
