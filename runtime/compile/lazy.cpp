@@ -1,12 +1,12 @@
 #include "runtime/compile/lazy.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <set>
 #include <unordered_map>
 
 #include "runtime/autograd/grad_mode.h"
@@ -36,7 +36,7 @@ struct LazyNode final : PendingValue {
 struct Context {
   std::mutex mu;
   std::vector<std::shared_ptr<LazyNode>> pending;
-  int scopes = 0;
+  std::atomic<int> scopes{0};  // read without the lock on every op (lazy_recording)
   LazyOptions opts;
   std::map<std::string, std::shared_ptr<Kernel>> kernels;  // by device + canonical text; null: failed
   LazyStats stats;
@@ -173,8 +173,6 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
     int id;
     if (x.scalar_arg) {
       id = g.binary(x.op, a[0], g.scalar(x.value, x.scalar_dtype));
-    } else if (x.op == Op::Cast) {
-      id = g.cast(a[0], x.dtype);
     } else if (x.op == Op::Sum) {
       int src = a[0];
       if (g.nodes[src].dtype != x.dtype)
@@ -295,11 +293,7 @@ LazyScope::~LazyScope() {
 }
 
 bool lazy_recording(const Device& device) {
-  if (t_flushing > 0) return false;
-  {
-    std::lock_guard<std::mutex> lk(ctx().mu);
-    if (ctx().scopes == 0) return false;
-  }
+  if (t_flushing > 0 || ctx().scopes.load(std::memory_order_relaxed) == 0) return false;
   return backend()->unavailable(device).empty();
 }
 
@@ -321,12 +315,6 @@ Tensor lazy_scalar(Op op, const Tensor& a, double s) {
   n->scalar_arg = true;
   n->value = s;
   n->scalar_dtype = compute_type(a.dtype());
-  return make_pending(n);
-}
-
-Tensor lazy_cast(const Tensor& a, DType dtype) {
-  auto n = new_node(Op::Cast, dtype, a.shape(), a);
-  add_args(*n, {&a});
   return make_pending(n);
 }
 

@@ -1,5 +1,5 @@
 // Lazy fusion: inside a LazyScope, the fusible ops (elementwise, sums along
-// a dim, casts) do not compute; they return pending tensors, and the first
+// a dim) do not compute; they return pending tensors, and the first
 // read of any pending value -- by an op that is not fusible (a GEMM,
 // attention, cross-entropy, a collective), a copy, item() -- computes all of
 // them as fusion groups through the installed fusion backend
@@ -61,14 +61,13 @@ class LazyScope {
 /// not inside a flush, and the installed backend compiles for `device`.
 bool lazy_recording(const Device& device);
 
-// The fusible ops' hooks (runtime/ops/*.cpp, runtime/tensor/copy.cpp call
+// The fusible ops' hooks (runtime/ops/elementwise.cpp and reduce.cpp call
 // them when lazy_recording): each returns a pending, contiguous tensor with
 // the eager op's shape and dtype.
 Tensor lazy_unary(Op op, const Tensor& a);
 Tensor lazy_binary(Op op, const Tensor& a, const Tensor& b);
 /// `a op s` (Add, Mul, Pow), s in a's compute type: the kernels' scalar ops.
 Tensor lazy_scalar(Op op, const Tensor& a, double s);
-Tensor lazy_cast(const Tensor& a, DType dtype);
 /// The sum along `dim`, kept as size 1, in `out` (a's dtype, or f32 for bf16).
 Tensor lazy_sum(const Tensor& a, int dim, DType out);
 

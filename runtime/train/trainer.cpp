@@ -296,6 +296,10 @@ StepStats Trainer::step() {
       notice_ = cat("step ", s.step, ": compiled ", compiled,
                     " new fusion group(s) after the first step (a shape or a region changed)");
     }
+    if (cfg_.compile.check && compiled > 0)  // compile.check: the new groups against the eager ops
+      notice_ = cat(notice_.empty() ? "" : notice_ + "\n", "step ", s.step, ": compile.check: ", compiled,
+                    " new fusion group(s) checked against the eager ops; largest relative difference so far ",
+                    fmt::format("{:.3g}", after.check_max_rel_diff));
     if (after.eager_fallbacks > before.eager_fallbacks)
       notice_ = cat(notice_.empty() ? "" : notice_ + "\n", "step ", s.step, ": ",
                     after.eager_fallbacks - before.eager_fallbacks,

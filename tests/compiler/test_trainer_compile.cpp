@@ -23,6 +23,7 @@ class TrainerCompile : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(compiler::install_fusion_backend());
     fusion::clear_kernel_cache();
+    fusion::reset_lazy_stats();
     glob_ = test::write_token_shards(dir_.path().string(), "train", 2, 3000, 64, 1);
   }
   void TearDown() override { fusion::set_backend(nullptr); }
@@ -63,6 +64,20 @@ TEST_F(TrainerCompile, GivesTheEagerLossesAndCompilesOnlyOnTheFirstStep) {
     if (i > 0) EXPECT_EQ(b.compile_s, 0.0) << "every group was compiled on the first step";
   }
   EXPECT_EQ(fusion::lazy_stats().eager_fallbacks, 0);
+}
+
+TEST_F(TrainerCompile, CheckReportsTheLargestDifference) {
+  TrainConfig c = config(true);
+  c.compile.check = true;
+  Trainer t(c);
+  (void)t.take_notice();
+  t.step();
+  const std::string n = t.take_notice();
+  EXPECT_NE(n.find("compile.check:"), std::string::npos) << n;
+  EXPECT_NE(n.find("largest relative difference so far"), std::string::npos) << n;
+  EXPECT_LT(fusion::lazy_stats().check_max_rel_diff, 1e-6);
+  t.step();
+  EXPECT_EQ(t.take_notice().find("compile.check:"), std::string::npos) << "nothing new to check after step 1";
 }
 
 TEST_F(TrainerCompile, BtCompileZeroTurnsItOff) {
