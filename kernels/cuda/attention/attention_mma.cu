@@ -2,10 +2,11 @@
 // mma.sync + cp.async, written once over the operand type (Ops,
 // kernels/cuda/attention/mma_ops.cuh):
 //   BF16 (fp32 accumulation): mma.m16n8k16, ldmatrix;
-//   F32 as TF32 (GemmMath::Tf32, the tf32 precision) or 3xTF32 (Tf32x3:
-//   fp32x3, and strict fp32's attention, Note [Attention in fp32] in
-//   kernels/attention.h): mma.m16n8k8, fp32 tiles, the operands rounded or
-//   split in registers.
+//   F32 as TF32 (GemmMath::Tf32) or 3xTF32 (GemmMath::Tf32x3), when the
+//   call's math asks for them (Note [Attention in fp32] in
+//   kernels/attention.h; the precision policy's attention_math decides):
+//   mma.m16n8k8, fp32 tiles, the operands rounded or split in registers
+//   (Note [TF32 fragments by permuted k] in mma_ops.cuh).
 // Dispatched from kernels/cuda/attention/attention.cu when attention_*_path()
 // (kernels/attention.h) says the rows are 16-byte aligned and D is
 // supported; the SIMT kernels there handle everything else.
@@ -16,7 +17,9 @@
 // "k-step" is 16 wide (one bf16 mma, two tf32 ones) and an n-tile 8 columns.
 //
 // Warps own 16-row slabs ("m16"), so everything a warp needs for its softmax is
-// in its own registers: no shared-memory reductions anywhere.
+// in its own registers: no shared-memory reductions anywhere. (Below, the
+// fragment loads are named as bf16 does them -- ldmatrix, .trans; the F32
+// tiles load the same fragments with 16- and 4-byte loads.)
 //
 // Forward (one block = BM = 16 * MT * NW query rows of one (b, h); NW warps,
 // each MT slabs of 16 rows): Q fragments (A operand, ldmatrix from the Q tile)
