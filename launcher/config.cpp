@@ -40,6 +40,9 @@ const std::vector<Key>& keys() {
       BT_KEY("model.n_embd", model.n_embd, "model width"),
       BT_KEY("model.seq_len", model.seq_len, "context length T (training sequence length)"),
       BT_KEY("model.vocab_size", model.vocab_size, "real vocabulary (padded to a multiple of 128)"),
+      BT_KEY("model.fused_ops", model.fused_ops,
+             "false: the same model written from primitive ops (LayerNorm, GELU, bias and residual adds), "
+             "for train.compile to fuse"),
       BT_KEY("data.train", data.train, "glob of llm.c token shards to train on"),
       BT_KEY("data.val", data.val, "glob of validation shards (empty: no validation)"),
       BT_KEY("data.shuffle", data.shuffle, "shuffle training windows each epoch"),

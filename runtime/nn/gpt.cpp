@@ -12,6 +12,7 @@
 #include "runtime/ops/nn/embedding.h"
 #include "runtime/ops/nn/layernorm.h"
 #include "runtime/ops/nn/mlp.h"
+#include "runtime/ops/reduce.h"
 
 namespace bt::nn {
 
@@ -125,21 +126,50 @@ Tensor Gpt::compute(const Tensor& p) const {
 /// source's tensor, which keeps it f32 as well (keeps_f32()).
 Tensor Gpt::norm_param(const Tensor& p) const { return source_ ? source_->weight(p) : p; }
 
+namespace {
+
+constexpr double kLayerNormEps = 1e-5;
+
+/// LayerNorm over the last dim from primitive ops (Note [Primitive-op GPT]).
+Tensor layer_norm_primitive(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Tensor mu = mean(x, {-1}, true);
+  const Tensor xc = sub(x, mu);
+  const Tensor var = mean(mul(xc, xc), {-1}, true);
+  return add(mul(div(xc, sqrt(add(var, kLayerNormEps))), w), b);
+}
+
+/// GELU's tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), from primitive ops.
+Tensor gelu_primitive(const Tensor& x) {
+  const Tensor inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), 0.7978845608028654);
+  return mul(mul(x, 0.5), add(tanh(inner), 1.0));
+}
+
+}  // namespace
+
 ResidualNorm Gpt::add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) const {
-  if (!d.defined()) return {x, layer_norm(x, norm_param(w), norm_param(b))};
-  return add_layer_norm(x, d, norm_param(w), norm_param(b));
+  if (!cfg_.fused_ops) {
+    const Tensor s = d.defined() ? add(x, d) : x;
+    return {s, layer_norm_primitive(s, compute(w), compute(b))};
+  }
+  if (!d.defined()) return {x, layer_norm(x, norm_param(w), norm_param(b), kLayerNormEps)};
+  return add_layer_norm(x, d, norm_param(w), norm_param(b), kLayerNormEps);
+}
+
+Tensor Gpt::affine(const Tensor& x, const Tensor& w, const Tensor& bias) const {
+  if (cfg_.fused_ops) return linear(x, compute(w), compute(bias));
+  return add(linear(x, compute(w)), compute(bias));
 }
 
 Gpt::Residual Gpt::block(const Block& b, const Tensor& x, const Tensor& d) const {
   auto [s, h] = add_norm(x, d, b.ln1_w, b.ln1_b);
-  Tensor qkv = linear(h, compute(b.attn_w), compute(b.attn_b));
+  Tensor qkv = affine(h, b.attn_w, b.attn_b);
   Tensor att;
   {
     ProfileScope prof_attn("attention");
     att = causal_self_attention(qkv, cfg_.n_head);  // [B, T, 3C] -> [B, T, C], heads read and merged in place
   }
-  auto [s2, h2] = add_layer_norm(s, linear(att, compute(b.proj_w), compute(b.proj_b)), norm_param(b.ln2_w),
-                                 norm_param(b.ln2_b));
+  auto [s2, h2] = add_norm(s, affine(att, b.proj_w, b.proj_b), b.ln2_w, b.ln2_b);
+  if (!cfg_.fused_ops) return {s2, affine(gelu_primitive(affine(h2, b.fc_w, b.fc_b)), b.out_w, b.out_b)};
   Tensor m = mlp(h2, compute(b.fc_w), compute(b.fc_b), compute(b.out_w), compute(b.out_b));
   return {s2, m};
 }

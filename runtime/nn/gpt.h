@@ -21,6 +21,18 @@
 // kernels/layernorm.h), as does the one after attention and ln_f. Under full
 // recompute a checkpointed block keeps only the stream, one tensor, so the add
 // at the end of a block (and the embeddings' add) runs as its own op there.
+//
+// Note [Primitive-op GPT]
+// With fused_ops false (model.fused_ops) the same model, with the same
+// parameters, is written from primitive ops wherever the fused ops would
+// run: LayerNorm from its row mean and variance (mean, sub, mul, sqrt, div),
+// GELU from its tanh formula, each linear's bias as an add after the GEMM,
+// the residual adds as adds, the MLP as two linears around that GELU; the
+// LayerNorm parameters go through compute() like the others (under bf16 the
+// primitives compute in bf16). Attention, the GEMMs, the embeddings and
+// cross-entropy stay. Eagerly this is slow; it is what the compiler fuses
+// (train.compile, docs/compiler.md). Same values as the fused model to
+// rounding, not the same bits (Gpt.PrimitiveOpsGiveTheFusedModelsValues).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +54,7 @@ struct GptConfig {
   int64_t n_embd = 128;
   int64_t seq_len = 256;  // maximum context (rows of wpe)
   int64_t vocab_size = 50257;
+  bool fused_ops = true;  // false: written from primitive ops (Note [Primitive-op GPT])
 
   /// vocab_size rounded up to a multiple of 128 (Note [Padded vocabulary]).
   int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
@@ -119,6 +132,8 @@ class Gpt {
   /// Block b on the stream x + d; returns the stream after the attention's
   /// add and the MLP's output as the next d.
   Residual block(const Block& b, const Tensor& x, const Tensor& d) const;
+  /// x @ w^T + bias: one fused op, or (fused_ops false) the GEMM then an add.
+  Tensor affine(const Tensor& x, const Tensor& w, const Tensor& bias) const;
 
   GptConfig cfg_;
   Device device_;

@@ -289,6 +289,41 @@ TEST(Gpt, FusedResidualsGiveTheUnfusedBits) {
   EXPECT_EQ(fused, apart);
 }
 
+/// ||a - b|| / ||b|| over two lists of values.
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// Note [Primitive-op GPT]: the model written from primitive ops has the fused
+// model's parameters and, to rounding, its loss and gradients (the fused
+// LayerNorm and GELU kernels round in other places than their primitive forms).
+TEST(Gpt, PrimitiveOpsGiveTheFusedModelsValues) {
+  std::vector<int32_t> xv = {1, 2, 3, 4, 5, 6, 7, 8}, yv = {2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<std::vector<float>> got[2];
+  std::vector<std::string> names;
+  for (int fused = 0; fused < 2; ++fused) {
+    GptConfig c = small();
+    c.fused_ops = fused == 1;
+    Gpt m(c, Device::cpu(), 11);
+    const Tensor loss = m.loss(ids(xv, 2, 4), ids(yv, 2, 4));
+    loss.backward();
+    got[fused].push_back(loss.to_vector<float>());
+    names = {"loss"};
+    for (const auto& [name, t] : m.named_parameters()) {
+      got[fused].push_back(t.grad().to_vector<float>());
+      names.push_back(name);
+    }
+  }
+  ASSERT_EQ(got[0].size(), got[1].size()) << "the same parameters";
+  EXPECT_LT(rel_l2(got[0][0], got[1][0]), 1e-6) << "loss";
+  for (size_t i = 1; i < got[0].size(); ++i) EXPECT_LT(rel_l2(got[0][i], got[1][i]), 1e-4) << names[i];
+}
+
 TEST(Gpt, BadInputsAreClearErrors) {
   Gpt m(small(), Device::cpu(), 1);
   auto message = [](auto&& f) {
