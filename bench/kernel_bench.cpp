@@ -412,7 +412,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
     }
     const std::string name = var.name;
     const char* key = dt == DType::F32 ? "f32" : "bf16";
-    for (int d = 0; d < 2; ++d) {
+    for (int d = 0; d < (var.wgmma ? 1 : 2); ++d) {  // the wgmma variant's backward is mma.sync's
       const double flops = d == 0 ? fwd_flops : bwd_flops;
       const auto [ref_ms, backend] = sdpa.is_object() && sdpa.contains(key)
                                          ? best_backend(sdpa.at(key), d == 0 ? "fwd_ms" : "bwd_ms")

@@ -29,9 +29,15 @@
 // multiplied as `math` says, as a GEMM's are (kernels/common/gemm_math.h):
 // Strict in fp32 FMAs (the register-tiled kernels), Tf32 as one TF32
 // tensor-core product (about 1e-3 relative error, the tf32 precision's
-// contract), Tf32x3 as 3xTF32 (Note [3xTF32] in kernels/gemm.h: fp32-level
-// error at tensor-core speed). The softmax, the exponentials and every sum
-// are fp32 whatever the math. The CPU computes every F32 call strictly.
+// contract), Tf32x3 as 3xTF32 (Note [3xTF32] in kernels/gemm.h). Measured on
+// an H100 (tests/kernels/cuda/attention, bt_kernel_bench), 3xTF32 attention is
+// about 200x closer to float64 than TF32 but 5-20x further than strict, its
+// error growing with the length summed (dK and dV over T query rows: the
+// tensor cores' f32 accumulation does not round to nearest), and it is no
+// faster than the strict kernels (three products per product), so the
+// precision policy (attention_math) gives it to no precision by default.
+// The softmax, the exponentials and every sum are fp32 whatever the math.
+// The CPU computes every F32 call strictly.
 #pragma once
 
 #include <cstddef>
@@ -143,10 +149,9 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
 /// The Hopper forward (kernels/cuda/sm90a/attention_wgmma.cu, wgmma): a BF16
 /// forward with D = 64 on the tensor-core path runs it when this build has
 /// the sm_90a kernels, the current device is compute capability 9.0, and it
-/// is turned on (BT_ATTENTION_WGMMA=1 in the environment at start, or
-/// set_attention_wgmma(true): off by default until a GPU run has measured it
-/// in training); else the mma.sync kernels. Same results within bf16
-/// rounding, not the same bits.
+/// is turned on (the default; BT_ATTENTION_WGMMA=0 in the environment at
+/// start, or set_attention_wgmma(false), turns it off); else the mma.sync
+/// kernels. Same results within bf16 rounding, not the same bits.
 bool attention_wgmma_available();
 bool attention_forward_uses_wgmma(const AttnForward& a);
 bool attention_wgmma_enabled();  // the switch alone

@@ -50,8 +50,9 @@ kernels::GemmMath matmul_math(Precision p) {
 }
 
 kernels::GemmMath attention_math(Precision p, std::string_view mode) {
-  if (mode.empty() || mode == "strict") return kernels::GemmMath::Strict;
-  BT_CHECK(mode == "matmul", "BT_ATTENTION_MATH='", mode, "': use strict (the default) or matmul");
+  if (mode.empty() || mode == "auto") return p == Precision::TF32 ? kernels::GemmMath::Tf32 : kernels::GemmMath::Strict;
+  if (mode == "strict") return kernels::GemmMath::Strict;
+  BT_CHECK(mode == "matmul", "BT_ATTENTION_MATH='", mode, "': use auto (the default), strict or matmul");
   return matmul_math(p);
 }
 

@@ -1,6 +1,6 @@
 // The process-wide precision policy, one runtime setting:
 //   fp32    strict float32 math everywhere (no TF32)
-//   tf32    float32 storage, TF32 tensor cores for matmuls
+//   tf32    float32 storage, TF32 tensor cores for matmuls and attention
 //   fp32x3  float32 storage and accumulation, fp32-level accuracy; matmuls run
 //           as error-compensated TF32 on the tensor cores (three TF32
 //           products, Note [3xTF32] in kernels/gemm.h); attention and
@@ -27,16 +27,17 @@ std::string_view precision_name(Precision p);
 kernels::GemmMath matmul_math(Precision p);
 /// How `p` multiplies attention's f32 products (Note [Attention in fp32] in
 /// kernels/attention.h), by the mode in BT_ATTENTION_MATH (read once):
-///   strict (or unset)  strictly, in every precision: the default for now.
-///                      The TF32 and 3xTF32 tensor-core kernels exist and are
-///                      tested at the kernel level; the policy hands them
-///                      tf32's and fp32x3's attention once a GPU run has
-///                      measured them in training (bench/RESULTS.md);
-///   matmul             as the GEMMs multiply (matmul_math): to measure those
-///                      kernels in training, side by side with the default.
+///   auto (or unset)    tf32 on the TF32 tensor cores, every other precision
+///                      strictly. fp32x3's attention stays strict: its 3xTF32
+///                      kernels measured no faster than the strict ones on an
+///                      H100 (38.0 / 25.0 TFLOP/s forward / backward against
+///                      34.5 / 25.4, bench/RESULTS.md) and less accurate;
+///   strict             strictly, in every precision;
+///   matmul             as the GEMMs multiply (matmul_math), fp32x3's 3xTF32
+///                      included: to measure those kernels in training.
 /// Another value is an error that names the variable.
 kernels::GemmMath attention_math(Precision p);
-/// The same for an explicit mode ("" is strict).
+/// The same for an explicit mode ("" is auto).
 kernels::GemmMath attention_math(Precision p, std::string_view mode);
 
 }  // namespace bt

@@ -63,17 +63,20 @@ TEST(Precision, HowEachPrecisionMultipliesF32Matrices) {
   EXPECT_EQ(matmul_math(Precision::TF32), GemmMath::Tf32);
   EXPECT_EQ(matmul_math(Precision::FP32X3), GemmMath::Tf32x3);
   EXPECT_EQ(matmul_math(Precision::BF16), GemmMath::Strict);  // what bf16 leaves in f32 stays strict
-  // Attention stays strict until its TF32 kernels are measured in training;
-  // BT_ATTENTION_MATH=matmul gives it the GEMMs' math.
+  // Attention: tf32's on the TF32 tensor cores, every other precision strict
+  // (fp32x3's 3xTF32 attention is no faster than strict); BT_ATTENTION_MATH
+  // strict or matmul overrides that.
   for (Precision p : {Precision::FP32, Precision::TF32, Precision::FP32X3, Precision::BF16}) {
-    EXPECT_EQ(attention_math(p, ""), GemmMath::Strict) << precision_name(p);
+    const GemmMath want = p == Precision::TF32 ? GemmMath::Tf32 : GemmMath::Strict;
+    EXPECT_EQ(attention_math(p, ""), want) << precision_name(p);
+    EXPECT_EQ(attention_math(p, "auto"), want) << precision_name(p);
     EXPECT_EQ(attention_math(p, "strict"), GemmMath::Strict) << precision_name(p);
     EXPECT_EQ(attention_math(p, "matmul"), matmul_math(p)) << precision_name(p);
   }
-  for (const std::string bad : {"Matmul", "tf32", " strict", "1"}) {
+  for (const std::string bad : {"Matmul", "tf32", " strict", "1", "AUTO"}) {
     const std::string msg = test::error_message([&] { (void)attention_math(Precision::TF32, bad); });
     EXPECT_NE(msg.find("BT_ATTENTION_MATH='" + bad + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("use strict (the default) or matmul"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("use auto (the default), strict or matmul"), std::string::npos) << msg;
   }
 }
 
