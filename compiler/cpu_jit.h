@@ -1,7 +1,10 @@
-// MLIR 19 on the CPU: a module's text through the lowering pipeline to LLVM,
-// then MLIR's ExecutionEngine (the JIT). The only file of libbt_compiler that
-// includes MLIR headers besides the backend's registration
-// (compiler/mlir_backend.cpp), so that the rest compiles fast.
+// MLIR 19 on the CPU: a module's text through the lowering pipeline to LLVM
+// IR, LLVM -O3 and object code for the host, loaded into an LLVM ORC JIT
+// (LLJIT). The object code is what the kernel cache keeps
+// (compiler/kernel_cache.h): a kernel loaded from it runs no MLIR pass and no
+// LLVM code generation. The only file of libbt_compiler that includes MLIR or
+// LLVM headers besides the backend's registration (compiler/mlir_backend.cpp),
+// so that the rest compiles fast.
 #pragma once
 
 #include <cstdint>
@@ -19,24 +22,39 @@ using Stages = std::vector<std::pair<std::string, std::string>>;
 /// fuse, bufferize into the destinations, free what is left, loops, LLVM.
 extern const char* const kCpuPipeline;
 
-/// One compiled module. Thread-safe to call once built.
+/// The lines of a kernel-cache key that name this process's code generation:
+/// LLVM's version, the host's target triple, CPU and features (the object code
+/// uses them), the optimization level and kCpuPipeline.
+std::string cpu_codegen_key();
+
+/// One compiled module, loaded. Thread-safe to call once built.
 class CpuModule {
  public:
-  /// Parses `text`, runs kCpuPipeline and JIT-compiles it (LLVM -O3). Throws
-  /// bt::Error with MLIR's diagnostics, naming `what`, when any step fails.
-  /// `stages`, if given, receives the lowered MLIR and the LLVM IR.
-  CpuModule(const std::string& text, const std::string& what, Stages* stages = nullptr);
+  /// Parses `text`, runs kCpuPipeline, translates to LLVM IR, optimizes it
+  /// (LLVM -O3) and compiles it to object code for the host, then loads that
+  /// as load() does. Throws bt::Error with MLIR's diagnostics, naming `what`,
+  /// when any step fails. `stages`, if given, receives the lowered MLIR and the
+  /// LLVM IR; `object`, if given, the object code.
+  static std::unique_ptr<CpuModule> compile(const std::string& text, const std::string& func,
+                                            const std::string& what, Stages* stages = nullptr,
+                                            std::string* object = nullptr);
+  /// Loads object code compile() made (in this process or another with the
+  /// same cpu_codegen_key()) and finds `func`'s entry point. Throws bt::Error
+  /// naming `what` when the object does not load or lacks the entry point.
+  static std::unique_ptr<CpuModule> load(const std::string& object, const std::string& func,
+                                         const std::string& what);
   ~CpuModule();
   CpuModule(const CpuModule&) = delete;
   CpuModule& operator=(const CpuModule&) = delete;
 
-  /// Calls `func` (emitted with llvm.emit_c_interface, returning nothing) with
-  /// one memref descriptor per argument: each a pointer to {allocated,
-  /// aligned, offset, sizes[rank], strides[rank]} as 64-bit words.
-  void call(const std::string& func, std::vector<std::vector<int64_t>>& descriptors) const;
+  /// Calls the function (emitted with llvm.emit_c_interface, returning
+  /// nothing) with one memref descriptor per argument: each a pointer to
+  /// {allocated, aligned, offset, sizes[rank], strides[rank]} as 64-bit words.
+  void call(std::vector<std::vector<int64_t>>& descriptors) const;
 
  private:
   struct Impl;
+  explicit CpuModule(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

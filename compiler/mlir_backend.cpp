@@ -1,10 +1,13 @@
 #include "compiler/mlir_backend.h"
 
 #ifdef BT_MLIR
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "compiler/cpu_jit.h"
+#include "compiler/kernel_cache.h"
 #include "compiler/linalg_emitter.h"
 #endif
 
@@ -29,8 +32,10 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 /// A group compiled for the CPU.
 class CpuKernel final : public fusion::Kernel {
  public:
-  CpuKernel(fusion::Group g, std::string func, std::unique_ptr<CpuModule> m)
-      : g_(std::move(g)), func_(std::move(func)), module_(std::move(m)) {}
+  CpuKernel(fusion::Group g, std::unique_ptr<CpuModule> m, bool loaded)
+      : g_(std::move(g)), module_(std::move(m)), loaded_(loaded) {}
+
+  bool loaded_from_cache() const override { return loaded_; }
 
   void run(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
     fusion::check_tensors(g_, inputs, outputs, "fused kernel");
@@ -49,20 +54,40 @@ class CpuKernel final : public fusion::Kernel {
     };
     for (const Tensor& t : inputs) add(t);
     for (const Tensor& t : outputs) add(t);
-    module_->call(func_, desc);
+    module_->call(desc);
   }
 
  private:
   fusion::Group g_;
-  std::string func_;
   std::unique_ptr<CpuModule> module_;
+  bool loaded_;
 };
+
+/// The kernel cache's key of `g` compiled as `func` from `text` (Note [Kernel
+/// cache]): everything that changes the object code. Input strides are not in
+/// it: the emitted memref types have fully dynamic strides and offsets (Note
+/// [Fusion groups in linalg]), so one kernel serves every layout.
+std::string cache_key(const fusion::Group& g, const std::string& func, const std::string& text) {
+  char linalg[32];
+  std::snprintf(linalg, sizeof linalg, "%016" PRIx64, fnv1a64(text));
+  return cat("blutrain fused kernel, cpu\ncode version ", kKernelCodeVersion, "\n", cpu_codegen_key(),
+             "entry ", func, "\nlinalg fnv1a64 ", linalg, "\ngroup\n", g.canonical());
+}
 
 class MlirBackend final : public fusion::Backend {
  public:
-  explicit MlirBackend(BackendOptions opts) : opts_(std::move(opts)) {}
+  explicit MlirBackend(BackendOptions opts)
+      : opts_(std::move(opts)),
+        cache_(opts_.dump_dir.empty() ? opts_.cache_dir : "", opts_.cache_lock_timeout_s) {}
 
   std::string name() const override { return "mlir"; }
+
+  std::string describe() const override {
+    std::string s = "mlir backend, kernel cache ";
+    if (cache_.enabled()) return s + "in " + cache_.dir();
+    if (!opts_.dump_dir.empty() && !opts_.cache_dir.empty()) return s + "unused while compile.dump is set";
+    return s + "off";
+  }
 
   std::string unavailable(const Device& device) const override {
     if (device.is_cuda())
@@ -76,21 +101,31 @@ class MlirBackend final : public fusion::Backend {
     BT_CHECK(why.empty(), "cannot compile fusion group '", g.name, "': ", why);
     const std::string func = symbol(g.name);
     const std::string text = to_linalg(g, func);
-    Stages stages;
-    auto m = std::make_unique<CpuModule>(text, "fusion group '" + g.name + "'",
-                                         opts_.dump_dir.empty() ? nullptr : &stages);
+    const std::string what = "fusion group '" + g.name + "'";
+    std::unique_ptr<CpuModule> m;
     if (!opts_.dump_dir.empty()) {
-      const std::filesystem::path dir = std::filesystem::path(opts_.dump_dir) / symbol(g.name);
+      Stages stages;
+      m = CpuModule::compile(text, func, what, &stages);
+      const std::filesystem::path dir = std::filesystem::path(opts_.dump_dir) / func;
       std::filesystem::create_directories(dir);
       write_file(dir / "group.txt", g.canonical());
       write_file(dir / "linalg.mlir", text);
       for (const auto& [file, body] : stages) write_file(dir / file, body);
+      return std::make_shared<CpuKernel>(g, std::move(m), false);
     }
-    return std::make_shared<CpuKernel>(g, func, std::move(m));
+    const KernelCache::Outcome got = cache_.fetch(
+        cache_key(g, func, text), [&](const std::string& object) { m = CpuModule::load(object, func, what); },
+        [&] {
+          std::string object;
+          m = CpuModule::compile(text, func, what, nullptr, &object);
+          return object;
+        });
+    return std::make_shared<CpuKernel>(g, std::move(m), got == KernelCache::Outcome::Loaded);
   }
 
  private:
   BackendOptions opts_;
+  KernelCache cache_;
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The compiler's fusion backend (runtime/compile/fusion_backend.h): fusion
-// groups to MLIR (compiler/linalg_emitter.h), then, on the CPU, LLVM through
-// MLIR's JIT (compiler/cpu_jit.h). CUDA is not generated yet: unavailable()
-// says so and the caller runs such groups eagerly.
+// groups to MLIR (compiler/linalg_emitter.h), then, on the CPU, LLVM object
+// code loaded into LLVM's JIT (compiler/cpu_jit.h), kept in the on-disk
+// kernel cache (compiler/kernel_cache.h, Note [Kernel cache]). CUDA is not
+// generated yet: unavailable() says so and the caller runs such groups eagerly.
 #pragma once
 
 #include <memory>
@@ -15,6 +16,14 @@ struct BackendOptions {
   /// When set, each compiled group writes its stages under DIR/<group>/:
   /// group.txt (the canonical graph), linalg.mlir, llvm-dialect.mlir, module.ll.
   std::string dump_dir;
+  /// The on-disk kernel cache's folder (kernel_cache_dir() resolves
+  /// compile.cache_dir to it); empty: none, kernels are compiled in memory.
+  /// With dump_dir set, every group is compiled (the stages exist only then)
+  /// and the cache is neither read nor written.
+  std::string cache_dir{};  // {}: `{dump}` alone stays free of -Wmissing-field-initializers
+  /// Seconds to wait for another process compiling the same kernel before
+  /// compiling it without the cache.
+  double cache_lock_timeout_s = 120.0;
 };
 
 /// The MLIR backend, or null in a build without MLIR 19.

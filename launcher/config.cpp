@@ -96,6 +96,9 @@ const std::vector<Key>& keys() {
              "folder where each fusion group's stages are written (empty: none)"),
       BT_KEY("compile.check", compile.check,
              "run each newly compiled group eagerly too and report the largest relative difference"),
+      BT_KEY("compile.cache_dir", compile.cache_dir,
+             "folder of the on-disk kernel cache (empty: $XDG_CACHE_HOME/blutrain/kernels, else "
+             "~/.cache/blutrain/kernels; off: none, kernels compile in memory)"),
   };
   return k;
 }

@@ -150,6 +150,8 @@ void MetricsWriter::write(const train::StepStats& s, std::optional<double> val_l
     j["compile_s"] = s.compile_s;
     j["fused_groups"] = s.fused_groups;
     j["recompiles"] = s.recompiles;
+    j["kernels_compiled"] = s.kernels_compiled;
+    j["kernels_loaded"] = s.kernels_loaded;
   }
   if (val_loss) j["val_loss"] = *val_loss;
   const std::string line = j.dump() + "\n";

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "compiler/kernel_cache.h"
 #include "compiler/mlir_backend.h"
 #include "launcher/checkpointing.h"
 #include "launcher/cli.h"
@@ -112,7 +113,8 @@ int run_train(int argc, char** argv) {
   }
 
   // train.compile: the compiler's backend, before the Trainer asks for it (docs/compiler.md).
-  if (cfg.train.compile) compiler::install_fusion_backend({cfg.compile.dump});
+  if (cfg.train.compile)
+    compiler::install_fusion_backend({cfg.compile.dump, compiler::kernel_cache_dir(cfg.compile.cache_dir)});
   // Initial weights go in before the strategy takes the parameters over.
   auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
     if (!o.init_weights.empty()) load_model_into(o.init_weights, m);

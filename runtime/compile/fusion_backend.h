@@ -24,6 +24,9 @@ class Kernel {
   /// apart from the inputs; inputs may be strided views). Throws bt::Error on
   /// a mismatch. Version counters are the caller's business: run() bumps none.
   virtual void run(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
+  /// True when the backend loaded this kernel from a cache it keeps between
+  /// runs instead of generating its code (compile() still made the kernel).
+  virtual bool loaded_from_cache() const { return false; }
 };
 
 class Backend {
@@ -31,6 +34,8 @@ class Backend {
   virtual ~Backend() = default;
   /// "mlir", "none", ...
   virtual std::string name() const = 0;
+  /// The backend and its settings, for the log ("mlir backend, kernel cache in DIR").
+  virtual std::string describe() const { return name() + " backend"; }
   /// Empty when this backend compiles for `device`; else a sentence saying why not.
   virtual std::string unavailable(const Device& device) const = 0;
   /// A kernel for `g` on `device`. Throws bt::Error naming the group when it

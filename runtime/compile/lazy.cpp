@@ -234,6 +234,7 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
     c.kernels[key] = kernel;
     c.stats.compile_s += s;
     if (fresh) ++c.stats.kernels_compiled;
+    if (fresh && kernel->loaded_from_cache()) ++c.stats.kernels_loaded;
   }
   // However this ends, the outputs are no longer pending (on an error their values are not defined,
   // and the error reaches whoever read them).

@@ -76,11 +76,12 @@ void flush();
 
 struct LazyStats {
   int64_t groups_run = 0;        // fusion groups computed (compiled or eager)
-  int64_t kernels_compiled = 0;  // distinct groups compiled (cache misses)
+  int64_t kernels_compiled = 0;  // distinct groups the backend made a kernel for (misses of the kernels here)
+  int64_t kernels_loaded = 0;    // of those, the ones it loaded from its kernel cache (no code generated)
   int64_t eager_fallbacks = 0;   // group runs that went through the eager ops
   int64_t nodes_fused = 0;       // recorded ops computed inside groups
   int64_t outputs_written = 0;   // pending values that got memory (the rest never did)
-  double compile_s = 0.0;        // time in the backend's compile
+  double compile_s = 0.0;        // time in the backend's compile (loads from its kernel cache included)
   double check_max_rel_diff = 0.0;
 };
 /// Totals since the process started (or reset_lazy_stats).

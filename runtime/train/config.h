@@ -62,6 +62,9 @@ struct CheckpointOptions {
 struct CompileOptions {
   std::string dump;    // folder for each fusion group's stages; empty = none
   bool check = false;  // run each new group eagerly too and report the largest difference
+  // The on-disk kernel cache (Note [Kernel cache] in compiler/kernel_cache.h):
+  // empty = $XDG_CACHE_HOME/blutrain/kernels, else ~/.cache/blutrain/kernels; "off" = none.
+  std::string cache_dir;
 };
 
 /// The `dist:` section: how a job of several ranks splits the work (ignored

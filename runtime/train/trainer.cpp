@@ -152,7 +152,7 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
     compile_ = why.empty();
     const std::string line =
         compile_ ? cat("train.compile: fusing the step's elementwise and reduction regions (",
-                       fusion::backend()->name(), " backend",
+                       fusion::backend()->describe(),
                        cfg_.compile.dump.empty() ? "" : ", dumps in " + cfg_.compile.dump, ")")
                  : cat("train.compile: off, the step runs eagerly: ", why);
     notice_ = notice_.empty() ? line : notice_ + "\n" + line;
@@ -291,6 +291,13 @@ StepStats Trainer::step() {
     s.compile_s = after.compile_s - before.compile_s;
     s.fused_groups = after.groups_run - before.groups_run;
     const int64_t compiled = after.kernels_compiled - before.kernels_compiled;
+    s.kernels_loaded = after.kernels_loaded - before.kernels_loaded;
+    s.kernels_compiled = compiled - s.kernels_loaded;
+    if (compile_steps_ == 0 && compiled > 0)  // the run's first step: how its kernels came
+      notice_ =
+          cat(notice_.empty() ? "" : notice_ + "\n", "step ", s.step, ": ", compiled,
+              " fusion kernel(s) ready in ", fmt::format("{:.2f}", s.compile_s), " s: ", s.kernels_loaded,
+              " loaded from the kernel cache, ", s.kernels_compiled, " compiled");
     if (compile_steps_++ > 0 && compiled > 0) {  // after this run's first step: a new region or shape
       s.recompiles = compiled;
       notice_ = cat("step ", s.step, ": compiled ", compiled,

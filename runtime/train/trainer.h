@@ -92,10 +92,12 @@ struct StepStats {
   uint64_t optimizer_state_bytes = 0;  // AdamW m and v held by this rank
   uint64_t gradient_bytes = 0;         // gradient buffers this rank keeps between steps
   uint64_t parameter_bytes = 0;        // f32 parameters this rank keeps between steps
-  bool compiled = false;               // train.compile was in effect (the next three are set)
-  double compile_s = 0;                // seconds spent compiling fusion groups in this step
+  bool compiled = false;               // train.compile was in effect (the next five are set)
+  double compile_s = 0;                // seconds spent compiling (or loading) fusion kernels in this step
   int64_t fused_groups = 0;            // fusion groups this step computed
   int64_t recompiles = 0;              // groups compiled in this step, after this run's first step
+  int64_t kernels_compiled = 0;        // kernels whose code this step generated
+  int64_t kernels_loaded = 0;          // kernels this step loaded from the compiler's kernel cache
 };
 
 /// The scalar training state a checkpoint keeps besides the state pieces.

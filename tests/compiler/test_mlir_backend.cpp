@@ -53,23 +53,6 @@ std::vector<Tensor> expect_matches_eager(const Group& g, const std::vector<Tenso
   return out;
 }
 
-/// LayerNorm forward from primitives: y, and the row mean and 1/std it saves.
-Group layer_norm(DType dt, int64_t rows, int64_t cols) {
-  Group g;
-  g.name = "layer_norm";
-  const int x = g.input(dt, {rows, cols}), w = g.input(dt, {cols}), b = g.input(dt, {cols});
-  const int inv_n = g.scalar(1.0 / static_cast<double>(cols), dt);
-  const int mean = g.binary(Op::Mul, g.reduce(Op::Sum, x, {1}, true), inv_n);
-  const int xc = g.binary(Op::Sub, x, mean);
-  const int var = g.binary(Op::Mul, g.reduce(Op::Sum, g.binary(Op::Mul, xc, xc), {1}, true), inv_n);
-  const int rstd =
-      g.binary(Op::Div, g.scalar(1.0, dt), g.unary(Op::Sqrt, g.binary(Op::Add, var, g.scalar(1e-5, dt))));
-  g.output(g.binary(Op::Add, g.binary(Op::Mul, g.binary(Op::Mul, xc, rstd), w), b));
-  g.output(mean);
-  g.output(rstd);
-  return g;
-}
-
 TEST(MlirBackend, ElementwiseChainsWithBroadcasting) {
   std::mt19937 gen(1);
   for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
@@ -92,7 +75,7 @@ TEST(MlirBackend, RowReductionsLayerNormFromPrimitives) {
   std::mt19937 gen(2);
   for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    expect_matches_eager(layer_norm(dt, 24, 768),
+    expect_matches_eager(test::layer_norm_group(dt, 24, 768),
                          {test::uniform_cpu({24, 768}, dt, gen), test::uniform_cpu({768}, dt, gen),
                           test::uniform_cpu({768}, dt, gen)});
   }
@@ -193,7 +176,7 @@ TEST(MlirBackend, AdamWWithClippingChain) {
 TEST(MlirBackend, StridedInputs) {
   // Inputs that are views: a transpose and a column slice, read in place.
   std::mt19937 gen(7);
-  const Group g = layer_norm(DType::F32, 33, 64);
+  const Group g = test::layer_norm_group(DType::F32, 33, 64);
   const Tensor xt = test::uniform_cpu({64, 33}, DType::F32, gen).t();  // [33, 64], strides [1, 33]
   const Tensor wide = test::uniform_cpu({2, 128}, DType::F32, gen);
   const Tensor w = wide.select(0, 0).slice(0, 0, 128, 2),

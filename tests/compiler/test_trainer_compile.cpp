@@ -1,14 +1,18 @@
 // train.compile on the CPU with the MLIR backend (Note [Lazy fusion]): the
 // same per-step losses and gradient norms as eager training, every step's
 // fusible regions computed as compiled groups, all of them compiled on the
-// first step, and BT_COMPILE=0 turning it off. (Without a compiler, the
+// first step, a second run loading them all from the kernel cache, and
+// BT_COMPILE=0 turning it off. (Without a compiler, the
 // Trainer says train.compile is unavailable: tests/runtime/train/test_trainer.cpp.)
 #include <cmath>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "compiler/mlir_backend.h"
+#include "kernels/common/error.h"
 #include "runtime/compile/fusion_backend.h"
 #include "runtime/compile/lazy.h"
 #include "runtime/train/trainer.h"
@@ -94,6 +98,44 @@ TEST_F(TrainerCompile, CheckReportsTheLargestDifference) {
   EXPECT_LT(fusion::lazy_stats().check_max_rel_diff, 1e-6);
   t.step();
   EXPECT_EQ(t.take_notice().find("compile.check:"), std::string::npos) << "nothing new to check after step 1";
+}
+
+TEST_F(TrainerCompile, ASecondRunLoadsEveryKernelFromTheCache) {
+  // Note [Kernel cache]: the same job twice into one cache folder; the second
+  // run generates no code and gives the first run's losses bit for bit.
+  const test::TempDir cache("bt_trainer_kernel_cache");
+  TrainConfig c = config(true);
+  c.train.steps = 3;
+  std::vector<StepStats> runs[2];
+  std::string notices[2];
+  for (auto r = 0; r < 2; ++r) {
+    ASSERT_TRUE(compiler::install_fusion_backend({"", cache.path().string()}));  // a fresh backend each run
+    Trainer t(c);
+    for (int i = 0; i < 3; ++i) {
+      runs[r].push_back(t.step());
+      notices[r] += t.take_notice() + "\n";
+    }
+  }
+  const StepStats &cold = runs[0][0], &warm = runs[1][0];
+  EXPECT_GT(cold.kernels_compiled, 0);
+  EXPECT_EQ(cold.kernels_loaded, 0);
+  EXPECT_EQ(warm.kernels_compiled, 0) << "the second run generated code";
+  EXPECT_EQ(warm.kernels_loaded, cold.kernels_compiled);
+  EXPECT_NE(notices[0].find("kernel cache in " + cache.path().string()), std::string::npos) << notices[0];
+  EXPECT_NE(notices[0].find(cat("step 1: ", cold.kernels_compiled, " fusion kernel(s) ready in ")),
+            std::string::npos)
+      << notices[0];
+  EXPECT_NE(notices[1].find(cat(": ", warm.kernels_loaded, " loaded from the kernel cache, 0 compiled")),
+            std::string::npos)
+      << notices[1];
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(::testing::Message() << "step " << i + 1);
+    EXPECT_EQ(runs[1][i].loss, runs[0][i].loss);
+    EXPECT_EQ(runs[1][i].grad_norm, runs[0][i].grad_norm);
+    if (i > 0) {
+      EXPECT_EQ(runs[1][i].kernels_loaded + runs[1][i].kernels_compiled, 0);
+    }
+  }
 }
 
 TEST_F(TrainerCompile, BtCompileZeroTurnsItOff) {
