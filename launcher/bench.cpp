@@ -32,7 +32,9 @@ namespace {
 
 struct Side {
   double tokens_per_s = 0;
-  double step_ms = 0;
+  double step_ms = 0;         // the mean: what the tokens/s come from
+  double step_ms_median = 0;  // the median and the fastest step, to tell
+  double step_ms_min = 0;     // a few slow steps from a slow steady state
   uint64_t peak_mem = 0;
   std::string note;
   std::vector<double> runs;  // tokens/s of each run (--repeats), in order
@@ -52,6 +54,8 @@ Side combine(const std::vector<Side>& runs) {
   Side s;
   s.tokens_per_s = median([](const Side& r) { return r.tokens_per_s; });
   s.step_ms = median([](const Side& r) { return r.step_ms; });
+  s.step_ms_median = median([](const Side& r) { return r.step_ms_median; });
+  s.step_ms_min = median([](const Side& r) { return r.step_ms_min; });
   for (const Side& r : runs) {
     s.peak_mem = std::max(s.peak_mem, r.peak_mem);
     s.runs.push_back(r.tokens_per_s);
@@ -95,6 +99,10 @@ Side run_reference(const std::string& cmd) {
   Side s;
   s.tokens_per_s = j.at("tokens_per_s").get<double>();
   s.step_ms = j.value("step_ms", 0.0);
+  s.step_ms_median = j.value("step_ms_median", 0.0);
+  s.step_ms_min = j.value("step_ms_min", 0.0);
+  std::printf("reference: mean step %.2f ms, median %.2f ms, fastest %.2f ms\n", s.step_ms, s.step_ms_median,
+              s.step_ms_min);
   s.peak_mem = j.value("peak_mem_bytes", uint64_t{0});
   s.note = j.value("torch_version", std::string());
   return s;
@@ -111,14 +119,24 @@ Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   profile_reset();
   double seconds = 0;
   int64_t tokens = 0;
+  std::vector<double> step_ms;
   for (int64_t i = 0; i < steps; ++i) {
     const train::StepStats s = tr.step();
     seconds += s.seconds;
     tokens += s.tokens;
+    step_ms.push_back(1e3 * s.seconds);
   }
   Side out;
   out.tokens_per_s = static_cast<double>(tokens) / seconds;
   out.step_ms = 1e3 * seconds / static_cast<double>(steps);
+  if (!step_ms.empty()) {
+    std::sort(step_ms.begin(), step_ms.end());
+    const size_t n = step_ms.size();
+    out.step_ms_median = n % 2 ? step_ms[n / 2] : 0.5 * (step_ms[n / 2 - 1] + step_ms[n / 2]);
+    out.step_ms_min = step_ms.front();
+  }
+  std::printf("blutrain: mean step %.2f ms, median %.2f ms, fastest %.2f ms\n", out.step_ms,
+              out.step_ms_median, out.step_ms_min);
   out.peak_mem = train::peak_memory_bytes(tr.device());
   if (profiling_enabled())
     std::printf("BT_PROFILE (synchronizing; shares of the timed steps, %s):\n%s\n", c.train.precision.c_str(),
@@ -299,6 +317,7 @@ int run_bench(int argc, char** argv) {
       if (graph_modes.size() > 1) label += c.train.cuda_graph ? " graph" : " eager";
       j["blutrain_tokens_per_s"] = ours.tokens_per_s;
       j["blutrain_step_ms"] = ours.step_ms;
+      j["blutrain_step_ms_median"] = ours.step_ms_median;
       j["blutrain_peak_mem_bytes"] = ours.peak_mem;
       if (repeats > 1) j["blutrain_tokens_per_s_runs"] = ours.runs;
       if (mfu) j["blutrain_mfu"] = ours.tokens_per_s * fpt / *mfu;
@@ -313,6 +332,8 @@ int run_bench(int argc, char** argv) {
         if (t) {
           const std::string k = modes[i];
           j[k + "_tokens_per_s"] = t->tokens_per_s;
+          j[k + "_step_ms"] = t->step_ms;
+          j[k + "_step_ms_median"] = t->step_ms_median;
           if (repeats > 1) j[k + "_tokens_per_s_runs"] = t->runs;
           j[k + "_peak_mem_bytes"] = t->peak_mem;
           j[k + "_throughput_ratio"] = speed;

@@ -14,6 +14,7 @@
 #include "runtime/ops/nn/embedding.h"
 #include "runtime/ops/nn/gelu.h"
 #include "runtime/ops/nn/layernorm.h"
+#include "runtime/ops/nn/linear_cross_entropy.h"
 #include "runtime/ops/nn/mlp.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/ops/softmax.h"

@@ -11,6 +11,7 @@
 #include "runtime/ops/nn/cross_entropy.h"
 #include "runtime/ops/nn/embedding.h"
 #include "runtime/ops/nn/layernorm.h"
+#include "runtime/ops/nn/linear_cross_entropy.h"
 #include "runtime/ops/nn/mlp.h"
 #include "runtime/ops/reduce.h"
 
@@ -175,6 +176,14 @@ Gpt::Residual Gpt::block(const Block& b, const Tensor& x, const Tensor& d) const
 }
 
 Tensor Gpt::forward(const Tensor& idx) const {
+  Tensor wte;
+  const Tensor h = hidden(idx, wte);
+  ProfileScope prof("head");
+  Tensor logits = linear(h, wte);  // tied LM head
+  return source_ ? source_->leave(0, {logits})[0] : logits;
+}
+
+Tensor Gpt::hidden(const Tensor& idx, Tensor& wte) const {
   BT_CHECK(idx.dim() == 2 && idx.dtype() == DType::I32, "Gpt::forward: token ids must be i32 [B, T], got ",
            idx.dtype(), " ", shape_str(idx.shape()));
   const int64_t T = idx.size(1);
@@ -184,7 +193,7 @@ Tensor Gpt::forward(const Tensor& idx) const {
            device_);
   autograd::RecomputeGuard recompute(recompute_);
   if (source_) source_->enter(0);
-  const Tensor wte = compute(wte_);
+  wte = compute(wte_);
   Tensor pos = arange(T, TensorOptions{DType::I32, device_});
   // The residual stream is st.x + st.d: d, the positions here, is added by
   // the next LayerNorm.
@@ -212,19 +221,32 @@ Tensor Gpt::forward(const Tensor& idx) const {
       st = {out[0], out[1]};
     }
   }
-  ProfileScope prof("head");
-  Tensor logits = linear(add_norm(st.x, st.d, lnf_w_, lnf_b_).out, wte);  // tied LM head
-  return source_ ? source_->leave(0, {logits})[0] : logits;
+  ProfileScope prof("final_norm");
+  return add_norm(st.x, st.d, lnf_w_, lnf_b_).out;
 }
 
 Tensor Gpt::loss(const Tensor& idx, const Tensor& targets, float grad_hint) const {
   BT_CHECK(targets.shape() == idx.shape(), "Gpt::loss: targets ", shape_str(targets.shape()),
            " must have the shape of the inputs ", shape_str(idx.shape()));
-  Tensor logits = forward(idx);
-  ProfileScope prof("cross_entropy");
-  Tensor flat = logits.view({-1, logits.size(-1)});
-  logits = Tensor();  // the loss consumes the logits (Note [Gradient in the forward pass])
-  return cross_entropy(std::move(flat), targets.reshape({-1}), cfg_.vocab_size, grad_hint);
+  Tensor wte;
+  const Tensor h = hidden(idx, wte);
+  const int64_t chunk = lm_head_chunk_rows(cfg_.padded_vocab(), wte.dtype());
+  if (chunk == 0) {  // BT_HEAD_CHUNK_MIB=0: the logits whole
+    Tensor logits;
+    {
+      ProfileScope prof("head");
+      logits = linear(h, wte);
+      if (source_) logits = source_->leave(0, {logits})[0];
+    }
+    ProfileScope prof("cross_entropy");
+    Tensor flat = logits.view({-1, logits.size(-1)});
+    logits = Tensor();  // the loss consumes the logits (Note [Gradient in the forward pass])
+    return cross_entropy(std::move(flat), targets.reshape({-1}), cfg_.vocab_size, grad_hint);
+  }
+  ProfileScope prof("head_and_loss");  // Note [The LM head in row chunks]
+  Tensor loss = linear_cross_entropy(h.reshape({-1, h.size(-1)}), wte, targets.reshape({-1}), cfg_.vocab_size,
+                                     grad_hint, chunk);
+  return source_ ? source_->leave(0, {loss})[0] : loss;
 }
 
 }  // namespace bt::nn

@@ -90,7 +90,9 @@ class Gpt {
   /// compute dtype (bf16 under Precision::BF16, else f32).
   Tensor forward(const Tensor& idx) const;
   /// Mean cross-entropy of forward(idx) against targets (i32 [B, T], -1 =
-  /// ignore) over the first vocab_size columns; an f32 scalar.
+  /// ignore) over the first vocab_size columns; an f32 scalar. The head and
+  /// the loss run in row chunks (linear_cross_entropy: the logits never exist
+  /// whole; BT_HEAD_CHUNK_MIB=0 makes them whole, as forward does).
   /// `grad_hint` != 0: the gradient backward will bring to the loss (Note
   /// [Gradient in the forward pass]; the Trainer's 1 / grad_accum).
   Tensor loss(const Tensor& idx, const Tensor& targets, float grad_hint = 0.0f) const;
@@ -132,6 +134,10 @@ class Gpt {
   /// Block b on the stream x + d; returns the stream after the attention's
   /// add and the MLP's output as the next d.
   Residual block(const Block& b, const Tensor& x, const Tensor& d) const;
+  /// The final LayerNorm's output [B, T, C] for idx; `wte` receives the
+  /// embedding as the head uses it (compute(wte_)). Enters unit 0, and leaves
+  /// it to the caller, whose head is unit 0's last use.
+  Tensor hidden(const Tensor& idx, Tensor& wte) const;
   /// x @ w^T + bias: one fused op, or (fused_ops false) the GEMM then an add.
   Tensor affine(const Tensor& x, const Tensor& w, const Tensor& bias) const;
 

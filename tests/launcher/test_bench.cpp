@@ -32,6 +32,7 @@ class Bench : public ::testing::Test {
                               "print('gpt2_ref bench: warming up')\n"
                               "if '--json' in sys.argv: print(json.dumps({'tokens_per_s': 4000.0 if c else "
                               "1000.0, 'step_ms': 1.0,\n"
+                              "                  'step_ms_median': 0.75 if c else 0.5, 'step_ms_min': 0.25,\n"
                               "                  'peak_mem_bytes': 2**20 if c else 2**21,\n"
                               "                  'torch_version': 'stand-in'}))\n";
   }
@@ -78,6 +79,12 @@ TEST_F(Bench, BothReferencesRunAndEachGetsItsRatios) {
   EXPECT_DOUBLE_EQ(j.at("compile_memory_ratio").get<double>(), mem / (1 << 20));
   EXPECT_NE(r.out.find("| fp32 | PyTorch eager | "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| fp32 | torch.compile | "), std::string::npos) << r.out;
+  // Each side's mean and median step, to tell a few slow steps from a slow steady state.
+  EXPECT_DOUBLE_EQ(j.at("eager_step_ms_median").get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j.at("compile_step_ms_median").get<double>(), 0.75);
+  EXPECT_GT(j.at("blutrain_step_ms_median").get<double>(), 0.0);
+  EXPECT_NE(r.out.find("reference: mean step 1.00 ms, median 0.75 ms, fastest 0.25 ms"), std::string::npos)
+      << r.out;
 }
 
 // --repeats N runs each side N times, the references interleaved (eager,

@@ -6,6 +6,8 @@
 // with beta and the epilogue applied once. Note [One GEMM over 3K].
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/common/tf32.h"
 #include "kernels/cuda/common.cuh"
@@ -33,14 +35,30 @@ using namespace detail;
 //
 // Scratch. Three copies of both operands of the LM head's backward would take
 // ~10 GB; the split operands of one piece of the GEMM never take more than
-// kX3ScratchFloats (512 MiB). A GEMM that needs more runs in pieces, cut along
+// x3_scratch_floats() (512 MiB). A GEMM that needs more runs in pieces, cut along
 // the one dimension that moves the fewest extra floats: batch items (free),
 // rows of C (each extra piece reads B's copies again: 3 k n), columns (3 k m),
 // or K (each piece after the first reads and writes C again, beta = 1: 2 m n;
 // the epilogue runs on the last). Each operand is split once per piece of its
 // own (a cut along rows splits B once).
 
-constexpr size_t kX3ScratchFloats = (size_t{512} << 20) / sizeof(float);
+constexpr size_t kX3ScratchMiB = 512;
+/// kX3ScratchMiB in floats, or BT_X3_SCRATCH_MIB (read once; 16 to 65536) to
+/// measure what the cap trades: fewer pieces against peak memory.
+size_t x3_scratch_floats() {
+  static const size_t floats = [] {
+    size_t mib = kX3ScratchMiB;
+    if (const char* v = std::getenv("BT_X3_SCRATCH_MIB")) {
+      char* end = nullptr;
+      const long x = std::strtol(v, &end, 10);
+      BT_CHECK(end != v && *end == '\0' && x >= 16 && x <= 65536, "BT_X3_SCRATCH_MIB='", v,
+               "': give the fp32x3 GEMM scratch cap in MiB, 16 to 65536");
+      mib = static_cast<size_t>(x);
+    }
+    return (mib << 20) / sizeof(float);
+  }();
+  return floats;
+}
 constexpr int64_t kX3Align = 64;  // floats: B's copies start 256 bytes aligned
 
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -256,7 +274,7 @@ size_t gemm_scratch_floats(const GemmArgs& a) {
     return 0;
   GemmArgs g = a;
   if (g.batch <= 1) g.stride_a = g.stride_b = g.stride_c = 0;
-  return static_cast<size_t>(x3_floats(g, x3_pieces(g, static_cast<int64_t>(kX3ScratchFloats))));
+  return static_cast<size_t>(x3_floats(g, x3_pieces(g, static_cast<int64_t>(x3_scratch_floats()))));
 }
 
 GemmPieces gemm_x3_pieces(const GemmArgs& a, size_t scratch_floats) {
@@ -265,7 +283,7 @@ GemmPieces gemm_x3_pieces(const GemmArgs& a, size_t scratch_floats) {
   BT_CHECK(g.batch > 0 && g.m > 0 && g.n > 0 && g.k > 0, "cuda gemm_x3_pieces: an empty GEMM has no pieces");
   // At least what the GEMM asks for: its own pieces, not a cut to fit exactly that.
   const bool enough = scratch_floats == 0 || scratch_floats >= gemm_scratch_floats(g);
-  return x3_pieces(g, static_cast<int64_t>(enough ? kX3ScratchFloats : scratch_floats));
+  return x3_pieces(g, static_cast<int64_t>(enough ? x3_scratch_floats() : scratch_floats));
 }
 
 }  // namespace bt::kernels::cuda

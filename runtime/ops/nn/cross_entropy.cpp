@@ -11,6 +11,25 @@
 
 namespace bt {
 
+namespace detail {
+
+std::pair<Tensor, int64_t> checked_targets(const char* op, const Tensor& targets, int64_t vocab,
+                                           const Device& device) {
+  // Note [Targets on the host]: checked where they are; device targets are
+  // copied back, which waits for the work that made them.
+  Tensor t = targets.reshape({-1}).contiguous();
+  const std::vector<int32_t> v = t.to_vector<int32_t>();
+  int64_t valid = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    BT_CHECK(v[i] == -1 || (v[i] >= 0 && v[i] < vocab), op, ": target ", v[i], " at position ", i,
+             " is outside [0, ", vocab, "); use -1 to ignore a position");
+    valid += v[i] != -1;
+  }
+  return {t.to(device, /*non_blocking=*/true), valid};
+}
+
+}  // namespace detail
+
 // Note [Gradient in the forward pass]
 // The logits are the largest tensor of a GPT step (rows x padded vocabulary)
 // and cross-entropy is their only reader: its forward reads them once for the
@@ -48,17 +67,10 @@ Tensor cross_entropy(Tensor logits_in, const Tensor& targets_in, int64_t vocab, 
            shape_str(targets_in.shape()), ") for ", rows, " rows of logits (shape ",
            shape_str(logits_in.shape()), ")");
   Tensor logits = logits_in.reshape({rows, ld}).contiguous();
-  Tensor targets = targets_in.reshape({rows}).contiguous();
-
-  // Validate targets on the host and count the rows that count.
-  const std::vector<int32_t> t = targets.to_vector<int32_t>();
-  targets = targets.to(logits.device(), /*non_blocking=*/true);
-  int64_t valid = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    BT_CHECK(t[i] == -1 || (t[i] >= 0 && t[i] < vocab), "cross_entropy: target ", t[i], " at position ", i,
-             " is outside [0, ", vocab, "); use -1 to ignore a position");
-    valid += t[i] != -1;
-  }
+  std::pair<Tensor, int64_t> checked =
+      detail::checked_targets("cross_entropy", targets_in, vocab, logits.device());
+  const Tensor targets = std::move(checked.first);
+  const int64_t valid = checked.second;
 
   kernels::CrossEntropyArgs a{logits.dtype(), logits.data_ptr(), rows, vocab, ld, targets.data<int32_t>()};
   TensorOptions f32{DType::F32, logits.device()};

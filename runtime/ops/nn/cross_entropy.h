@@ -2,6 +2,9 @@
 // differentiable.
 #pragma once
 
+#include <cstdint>
+#include <utility>
+
 #include "runtime/tensor/tensor.h"
 
 namespace bt {
@@ -19,5 +22,13 @@ namespace bt {
 /// writes the loss's gradient for an incoming gradient of `grad_hint` over
 /// them, in the same pass (Note [Gradient in the forward pass]).
 Tensor cross_entropy(Tensor logits, const Tensor& targets, int64_t vocab = -1, float grad_hint = 0.0f);
+
+namespace detail {
+/// `op`'s targets checked on the host (each -1 or in [0, vocab); the first
+/// bad one named): flattened, on `device` (copied asynchronously), and how
+/// many are not -1. Note [Targets on the host].
+std::pair<Tensor, int64_t> checked_targets(const char* op, const Tensor& targets, int64_t vocab,
+                                           const Device& device);
+}  // namespace detail
 
 }  // namespace bt

@@ -299,6 +299,27 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / den);
 }
 
+// Note [The LM head in row chunks]: told the incoming gradient (as the
+// Trainer tells it), the loss runs the head and the loss as one op that makes
+// the gradients in its forward; loss and gradients are the plain ops' to
+// rounding (one chunk here: the same GEMMs).
+TEST(Gpt, TheLossWithAHintRunsTheHeadInChunks) {
+  const GptConfig c = small();
+  std::vector<int32_t> xv = {1, 2, 3, 4, 5, 6, 7, 8}, yv = {2, 3, -1, 5, 6, 7, 8, 9};
+  std::vector<std::vector<float>> got[2];
+  for (int hinted = 0; hinted < 2; ++hinted) {
+    Gpt m(c, Device::cpu(), 11);
+    const Tensor loss = m.loss(ids(xv, 2, 4), ids(yv, 2, 4), hinted ? 0.5f : 0.0f);
+    ASSERT_NE(loss.grad_fn(), nullptr);
+    EXPECT_EQ(loss.grad_fn()->name(), hinted ? "LinearCrossEntropyBackward" : "CrossEntropyBackward");
+    loss.backward(full({}, 0.5, TensorOptions{DType::F32}));
+    got[hinted].push_back(loss.to_vector<float>());
+    for (const auto& [name, t] : m.named_parameters()) got[hinted].push_back(t.grad().to_vector<float>());
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  for (size_t i = 0; i < got[0].size(); ++i) EXPECT_LT(rel_l2(got[1][i], got[0][i]), 1e-6) << i;
+}
+
 // Note [Primitive-op GPT]: the model written from primitive ops has the fused
 // model's parameters and, to rounding, its loss and gradients (the fused
 // LayerNorm and GELU kernels round in other places than their primitive forms).

@@ -197,6 +197,12 @@ TEST_P(OpsGpu, TransformerOps) {
   compare("embedding", [](auto& v) { return embedding(v[0], v[1]); }, {{10, 48}}, dt, tol, {idx});
   Tensor tg = from_vector<int32_t>({5, 0, -1, 99, 42}, {5});
   compare("cross_entropy", [](auto& v) { return cross_entropy(v[0], v[1], 100); }, {{5, 128}}, dt, tol, {tg});
+  // Note [The LM head in row chunks]: 7 rows in chunks of 3; sum(y * w)'s
+  // incoming gradient is not the hint, so the backward rescales.
+  Tensor tg7 = from_vector<int32_t>({5, 0, -1, 99, 42, 7, 63}, {7});
+  compare("linear_cross_entropy",
+          [](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], 100, 1.0f, 3); }, {{7, 64}, {128, 64}},
+          dt, tol, {tg7});
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, OpsGpu, ::testing::Values(DType::F32, DType::BF16),
