@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "compiler/kernel_cache.h"
 #include "compiler/mlir_backend.h"
 #include "launcher/cli.h"
 #include "launcher/commands.h"
@@ -110,7 +111,8 @@ Side run_reference(const std::string& cmd) {
 
 Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   c.train.steps = warmup + steps;
-  if (c.train.compile) compiler::install_fusion_backend({c.compile.dump});
+  if (c.train.compile)
+    compiler::install_fusion_backend({c.compile.dump, compiler::kernel_cache_dir(c.compile.cache_dir)});
   train::Trainer tr(c);
   for (int64_t i = 0; i < warmup; ++i) {
     tr.step();

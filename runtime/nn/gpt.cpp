@@ -4,6 +4,7 @@
 
 #include "kernels/common/error.h"
 #include "runtime/autograd/checkpoint.h"
+#include "runtime/core/precision.h"
 #include "runtime/core/profiler.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/ops/matmul.h"
@@ -230,7 +231,7 @@ Tensor Gpt::loss(const Tensor& idx, const Tensor& targets, float grad_hint) cons
            " must have the shape of the inputs ", shape_str(idx.shape()));
   Tensor wte;
   const Tensor h = hidden(idx, wte);
-  const int64_t chunk = lm_head_chunk_rows(cfg_.padded_vocab(), wte.dtype());
+  const int64_t chunk = lm_head_chunk_rows(cfg_.padded_vocab(), wte.dtype(), matmul_math(precision()));
   if (chunk == 0) {  // BT_HEAD_CHUNK_MIB=0: the logits whole
     Tensor logits;
     {

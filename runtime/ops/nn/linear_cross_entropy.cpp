@@ -9,6 +9,7 @@
 #include "runtime/autograd/engine.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/core/precision.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/ops/gemm_call.h"
@@ -64,20 +65,24 @@ void rescale(Tensor& g, const Tensor& incoming, float hint) {
 
 }  // namespace
 
-int64_t lm_head_chunk_rows(int64_t vp, DType dt) {
-  static const int64_t budget = [] {
-    int64_t mib = 512;
-    if (const char* v = std::getenv("BT_HEAD_CHUNK_MIB")) {
-      char* end = nullptr;
-      const long x = std::strtol(v, &end, 10);
-      BT_CHECK(end != v && *end == '\0' && x >= 0 && x <= 1 << 20, "BT_HEAD_CHUNK_MIB='", v,
-               "': give the LM head's logits per chunk in MiB (0: no chunks)");
-      mib = x;
-    }
-    return mib << 20;
+int64_t lm_head_chunk_rows(int64_t vp, DType dt, kernels::GemmMath math) {
+  // Note [Chunk budgets]: measured on an H100 (bench/RESULTS.md, step 8), the
+  // chunks cost time through the GEMMs' shapes: 2 GiB (two chunks of GPT-2's
+  // f32 logits at 16K rows) costs nothing in tf32 and bf16, 512 MiB costs
+  // 1-2%; under 3xTF32, whose GEMMs split their operands in pieces of their
+  // own, 512 MiB costs nothing and 1-2 GiB 8-12%.
+  static const int64_t env = [] {
+    const char* v = std::getenv("BT_HEAD_CHUNK_MIB");
+    if (!v) return int64_t{-1};
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    BT_CHECK(end != v && *end == '\0' && x >= 0 && x <= 1 << 20, "BT_HEAD_CHUNK_MIB='", v,
+             "': give the LM head's logits per chunk in MiB (0: no chunks)");
+    return static_cast<int64_t>(x);
   }();
-  if (budget == 0) return 0;
-  const int64_t rows = budget / std::max<int64_t>(vp * static_cast<int64_t>(dtype_size(dt)), 1);
+  const int64_t mib = env >= 0 ? env : math == kernels::GemmMath::Tf32x3 ? 512 : 2048;
+  if (mib == 0) return 0;
+  const int64_t rows = (mib << 20) / std::max<int64_t>(vp * static_cast<int64_t>(dtype_size(dt)), 1);
   return std::max<int64_t>(64, rows / 64 * 64);
 }
 
@@ -106,7 +111,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const bool need_grad = autograd::any_requires_grad({&x, &w});
   if (need_grad && grad_hint == 0.0f)  // no hint: the gradient goes through the plain ops
     return cross_entropy(linear(x, w), targets_in, vocab);
-  if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(lm_head_chunk_rows(vp, x.dtype()), 64);
+  if (chunk_rows <= 0)
+    chunk_rows = std::max<int64_t>(lm_head_chunk_rows(vp, x.dtype(), matmul_math(precision())), 64);
 
   const std::pair<Tensor, int64_t> checked =
       detail::checked_targets("linear_cross_entropy", targets_in, vocab, x.device());

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/gemm_math.h"
 #include "runtime/tensor/tensor.h"
 
 namespace bt {
@@ -22,10 +23,12 @@ namespace bt {
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int64_t vocab = -1,
                             float grad_hint = 0.0f, int64_t chunk_rows = 0);
 
-/// Rows per chunk for `vp` logits columns of `dt`: as many as fit
-/// BT_HEAD_CHUNK_MIB (read once; default 512 MiB) of logits, a multiple of
-/// 64, at least 64. BT_HEAD_CHUNK_MIB=0 asks for no chunks: 0 is returned,
-/// and a model then computes its logits whole (to measure what chunks cost).
-int64_t lm_head_chunk_rows(int64_t vp, DType dt);
+/// Rows per chunk for `vp` logits columns of `dt` when the GEMMs multiply as
+/// `math`: as many as fit the budget of logits (2 GiB; 512 MiB under 3xTF32:
+/// Note [Chunk budgets]; BT_HEAD_CHUNK_MIB, read once, replaces both), a
+/// multiple of 64, at least 64. BT_HEAD_CHUNK_MIB=0 asks for no chunks: 0 is
+/// returned, and a model then computes its logits whole (to measure what
+/// chunks cost).
+int64_t lm_head_chunk_rows(int64_t vp, DType dt, kernels::GemmMath math);
 
 }  // namespace bt

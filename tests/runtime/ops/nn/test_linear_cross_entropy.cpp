@@ -133,10 +133,14 @@ TEST(LinearCrossEntropy, BadInputIsNamed) {
 
 TEST(LinearCrossEntropy, ChunkRowsFollowTheBudget) {
   if (std::getenv("BT_HEAD_CHUNK_MIB")) GTEST_SKIP() << "BT_HEAD_CHUNK_MIB sets another budget";
-  // 512 MiB of logits: GPT-2's 50304 f32 columns take 2668 rows, rounded down to 64s.
-  EXPECT_EQ(lm_head_chunk_rows(50304, DType::F32), 2624);
-  EXPECT_EQ(lm_head_chunk_rows(50304, DType::BF16), 5312);
-  EXPECT_EQ(lm_head_chunk_rows(int64_t{1} << 40, DType::F32), 64);  // never fewer than 64
+  using kernels::GemmMath;
+  // 2 GiB of logits: GPT-2's 50304 f32 columns take 10672 rows, rounded down to 64s.
+  EXPECT_EQ(lm_head_chunk_rows(50304, DType::F32, GemmMath::Tf32), 10624);
+  EXPECT_EQ(lm_head_chunk_rows(50304, DType::F32, GemmMath::Strict), 10624);
+  EXPECT_EQ(lm_head_chunk_rows(50304, DType::BF16, GemmMath::Strict), 21312);
+  // 512 MiB under 3xTF32 (Note [Chunk budgets]).
+  EXPECT_EQ(lm_head_chunk_rows(50304, DType::F32, GemmMath::Tf32x3), 2624);
+  EXPECT_EQ(lm_head_chunk_rows(int64_t{1} << 40, DType::F32, GemmMath::Strict), 64);  // never fewer than 64
 }
 
 }  // namespace
