@@ -204,10 +204,13 @@ TEST_F(TrainDist, FullRecomputeGivesTheSameBitsUnderDdpAndZero3) {
 // own step's regions lazily, collectives and ZeRO-3's gathers read what they
 // need when they need it (Note [Lazy fusion]); 2 ranks with compile on match
 // one process with it on, as without it (EveryStrategyMatchesOneProcess), and
-// give the same bits as the same 2 ranks with it off.
+// give the same bits as the same 2 ranks with it off. Each run has a kernel
+// cache folder of its own, empty at its start: the two ranks race to compile
+// into it (Note [Kernel cache]), and no run reads the user's cache.
 TEST_F(TrainDist, CompileMatchesUnderDdpAndZero3) {
   const std::string run3 = base_ + " --set train.steps=3";
-  Result one = run(run3 + " --set train.compile=true --metrics " + file("c1.jsonl"));
+  Result one = run(run3 + " --set train.compile=true --set compile.cache_dir=" + file("c1_cache") +
+                   " --metrics " + file("c1.jsonl"));
   ASSERT_EQ(one.status, 0) << one.out;
   EXPECT_NE(one.out.find("train.compile: fusing"), std::string::npos) << one.out;
   const std::vector<nlohmann::json> ref = jsonl_rows(file("c1.jsonl"));
@@ -216,8 +219,8 @@ TEST_F(TrainDist, CompileMatchesUnderDdpAndZero3) {
     for (const std::string compile : {"true", "false"}) {
       const std::string tag = strategy + "_" + compile;
       Result r = run(test::mpirun_prefix(2) + run3 + " --set dist.strategy=" + strategy +
-                     " --set train.compile=" + compile + " --metrics " + file(tag + ".jsonl") +
-                     " --save-weights " + file(tag + ".h5"));
+                     " --set train.compile=" + compile + " --set compile.cache_dir=" + file(tag + "_cache") +
+                     " --metrics " + file(tag + ".jsonl") + " --save-weights " + file(tag + ".h5"));
       ASSERT_EQ(r.status, 0) << tag << "\n" << r.out;
     }
     const std::vector<nlohmann::json> on = jsonl_rows(file(strategy + "_true.jsonl")),
