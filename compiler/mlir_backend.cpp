@@ -1,6 +1,7 @@
 #include "compiler/mlir_backend.h"
 
 #ifdef BT_MLIR
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>

@@ -300,7 +300,7 @@ StepStats Trainer::step() {
               " loaded from the kernel cache, ", s.kernels_compiled, " compiled");
     if (compile_steps_++ > 0 && compiled > 0) {  // after this run's first step: a new region or shape
       s.recompiles = compiled;
-      notice_ = cat("step ", s.step, ": compiled ", compiled,
+      notice_ = cat(notice_.empty() ? "" : notice_ + "\n", "step ", s.step, ": compiled ", compiled,
                     " new fusion group(s) after the first step (a shape or a region changed)");
     }
     if (cfg_.compile.check && compiled > 0)  // compile.check: the new groups against the eager ops
