@@ -57,6 +57,7 @@
 #include <mlir/Target/LLVMIR/Export.h>
 #include <mlir/Transforms/Passes.h>
 
+#include "compiler/mlir_run.h"
 #include "kernels/common/error.h"
 
 namespace bt::compiler {
@@ -196,28 +197,16 @@ std::unique_ptr<CpuModule> CpuModule::compile(const std::string& text, const std
   add_dialects(registry);
   mlir::MLIRContext ctx(registry, mlir::MLIRContext::Threading::DISABLED);
   ctx.loadAllAvailableDialects();
-  // MLIR's diagnostics become the error message.
-  std::string diags;
-  mlir::ScopedDiagnosticHandler handler(&ctx, [&](mlir::Diagnostic& d) {
-    llvm::raw_string_ostream os(diags);
-    os << d.getLocation() << ": " << d << "\n";
-    return mlir::success();
-  });
-  mlir::OwningOpRef<mlir::ModuleOp> mod = mlir::parseSourceString<mlir::ModuleOp>(text, &ctx);
-  BT_CHECK(mod, "compiler: ", what, ": MLIR could not parse the emitted module (a compiler bug):\n", diags);
-  mlir::PassManager pm(&ctx);
-  std::string err;
-  llvm::raw_string_ostream es(err);
-  BT_CHECK(mlir::succeeded(mlir::parsePassPipeline(kCpuPipeline, pm, es)), "compiler: the CPU pipeline '",
-           kCpuPipeline, "' does not parse: ", err);
-  BT_CHECK(mlir::succeeded(pm.run(*mod)), "compiler: ", what, ": the CPU pipeline failed:\n", diags);
+  MlirRun mlir_run(ctx, what, "CPU");  // MLIR's diagnostics become the error message
+  mlir::OwningOpRef<mlir::ModuleOp> mod = mlir_run.parse(text);
+  mlir_run.run(*mod, kCpuPipeline);
   if (stages) stages->emplace_back("llvm-dialect.mlir", print(*mod));
   // LLVM IR for the host, the packed entry, -O3, object code: what MLIR's
   // ExecutionEngine does, but keeping the object (the engine dumps it only to a
   // file), and loading it the one way a cached object is loaded.
   llvm::LLVMContext llvm_ctx;
   std::unique_ptr<llvm::Module> lm = mlir::translateModuleToLLVMIR(*mod, llvm_ctx);
-  BT_CHECK(lm, "compiler: ", what, ": the module did not translate to LLVM IR:\n", diags);
+  BT_CHECK(lm, "compiler: ", what, ": the module did not translate to LLVM IR:\n", mlir_run.diagnostics());
   if (stages) {
     std::string ll;  // as translated, before LLVM's optimizations
     llvm::raw_string_ostream os(ll);

@@ -2,9 +2,9 @@
 // IR, LLVM -O3 and object code for the host, loaded into an LLVM ORC JIT
 // (LLJIT). The object code is what the kernel cache keeps
 // (compiler/kernel_cache.h): a kernel loaded from it runs no MLIR pass and no
-// LLVM code generation. The only file of libbt_compiler that includes MLIR or
-// LLVM headers besides the backend's registration (compiler/mlir_backend.cpp),
-// so that the rest compiles fast.
+// LLVM code generation. With compiler/cuda_codegen.cpp (and the header they
+// share, compiler/mlir_run.h), the only files of libbt_compiler that include
+// MLIR or LLVM headers, so that the rest compiles fast.
 #pragma once
 
 #include <cstdint>

@@ -9,18 +9,13 @@
 #include <limits>
 #include <sstream>
 
+#include "compiler/mlir_text.h"
+
 namespace bt::compiler {
 namespace {
 
 using fusion::Node;
 using fusion::Op;
-
-/// MLIR's name of a fusion group's dtype (f32, f64, bf16: dtype_name's spelling).
-const char* mlir_type(DType t) {
-  BT_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16,
-           "fusion groups compute in f32, f64 or bf16, not ", dtype_name(t));
-  return dtype_name(t).data();
-}
 
 /// The type a node's arithmetic runs in: f32 for bf16 (rounded once at the end).
 DType compute_type(DType t) { return t == DType::BF16 ? DType::F32 : t; }
@@ -37,25 +32,6 @@ std::string memref_type(const Shape& s, DType t) {
   std::string strides;
   for (size_t i = 0; i < s.size(); ++i) strides += i ? ", ?" : "?";
   return "memref<" + dims_of(s) + mlir_type(t) + ", strided<[" + strides + "], offset: ?>>";
-}
-
-/// `value` rounded to `t`, as an MLIR literal of its bits (exact).
-std::string constant_bits(double value, DType t) {
-  char buf[32];
-  if (t == DType::F64) {
-    uint64_t u;
-    std::memcpy(&u, &value, 8);
-    std::snprintf(buf, sizeof buf, "0x%016" PRIX64, u);
-  } else {
-    const float f = static_cast<float>(value);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if (t == DType::BF16)
-      std::snprintf(buf, sizeof buf, "0x%04X", static_cast<unsigned>(float_to_bf16_bits(f)));
-    else
-      std::snprintf(buf, sizeof buf, "0x%08X", static_cast<unsigned>(u));
-  }
-  return buf;
 }
 
 /// affine_map over `rank` loop dims selecting `exprs`.
@@ -186,28 +162,7 @@ class Emitter {
       r = convert(x[0], g_.nodes[n.args[0]].dtype, n.dtype);
     } else {
       r = fresh();
-      const char* t = mlir_type(ct);
-      switch (n.op) {
-        case Op::Neg:
-          os_ << "      " << r << " = arith.negf " << x[0] << " : " << t << "\n";
-          break;
-        case Op::Exp:
-        case Op::Log:
-        case Op::Tanh:
-        case Op::Sqrt:
-          os_ << "      " << r << " = math." << fusion::op_name(n.op) << " " << x[0] << " : " << t << "\n";
-          break;
-        case Op::Pow:
-          os_ << "      " << r << " = math.powf " << x[0] << ", " << x[1] << " : " << t << "\n";
-          break;
-        default: {
-          const char* f = n.op == Op::Add   ? "addf"
-                          : n.op == Op::Sub ? "subf"
-                          : n.op == Op::Mul ? "mulf"
-                                            : "divf";
-          os_ << "      " << r << " = arith." << f << " " << x[0] << ", " << x[1] << " : " << t << "\n";
-        }
-      }
+      os_ << "      " << elementwise_op(n.op, r, x, mlir_type(ct)) << "\n";
       r = convert(r, ct, n.dtype);
     }
     os_ << "      linalg.yield " << r << " : " << mlir_type(n.dtype) << "\n  } -> "
