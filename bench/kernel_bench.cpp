@@ -9,6 +9,12 @@
 //     ceiling, counting bytes read + written.
 //   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
 //     of the copy bandwidth measured in the same run at the same size.
+//   With MLIR 19 (BT_MLIR), the compiler's generated kernels (Note [CUDA
+//     templates]) at the same sizes, from fusion groups written as the
+//     primitive-op model records them: bias + GELU (pointwise), LayerNorm
+//     forward (rows; next to the hand kernel's row), a bias gradient (column
+//     sums) and a squared norm (a whole-tensor sum). Bytes counted: the big
+//     tensor read, plus written where the kernel writes one.
 //   Causal attention, bf16 (the Hopper wgmma forward where there is one, and
 //     the mma.sync kernels) and f32 (strict, TF32 and 3xTF32 products), GPT-2
 //     124M shape (B 16, H 12, T 1024, D 64; q/k/v strided slices of a fused
@@ -49,6 +55,12 @@
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/random.h"
+#ifdef BT_MLIR
+#include "compiler/mlir_backend.h"
+#include "runtime/core/stream.h"
+#include "runtime/tensor/factory.h"
+#include "tests/support/fusion_groups.h"
+#endif
 
 namespace {
 namespace cuda = bt::kernels::cuda;
@@ -237,6 +249,47 @@ void bench_gemm_gpt2_shapes(Timer& timer, cudaStream_t s, std::vector<Row>& rows
 }
 
 // ---------------------------------------------------------------- bandwidth
+#ifdef BT_MLIR
+/// GB/s of fusion group `g` compiled for the GPU (random inputs, fresh
+/// outputs), counting `moved` bytes per call.
+double generated_gbps(Timer& timer, cudaStream_t s, const bt::fusion::Group& g, double moved) {
+  const bt::Device gpu = bt::Device::cuda(0);
+  const auto kernel = bt::compiler::make_mlir_backend()->compile(g, gpu);
+  std::vector<bt::Tensor> in, out;
+  uint64_t seed = 11;
+  for (int n : g.inputs()) {
+    in.push_back(bt::empty(g.nodes[n].shape, bt::TensorOptions{g.nodes[n].dtype, gpu}));
+    fill_random(g.nodes[n].dtype, in.back().data_ptr(), in.back().numel(), seed++, 0.5f, 2.0f, s);
+  }
+  for (int o : g.outputs)
+    out.push_back(bt::empty(g.nodes[o].shape, bt::TensorOptions{g.nodes[o].dtype, gpu}));
+  bt::StreamGuard guard(bt::Stream(gpu, s));
+  const double ms = timer.median_ms([&] { kernel->run(in, out); }, s);
+  return moved / (ms * 1e-3) / 1e9;
+}
+
+void bench_generated(Timer& timer, cudaStream_t s, size_t bytes, double copy, std::vector<Row>& rows) {
+  namespace t = bt::test;
+  const int64_t cols = 768;
+  const auto b = static_cast<double>(bytes);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const std::string d(bt::dtype_name(dt));
+    const int64_t r = static_cast<int64_t>(bytes / bt::dtype_size(dt)) / cols;
+    const std::string size = mib(bytes) + " x";
+    rows.push_back({"generated bias + GELU " + d, size, "GB/s",
+                    generated_gbps(timer, s, t::bias_gelu_group(dt, r, cols), 2 * b), copy, "D2D copy"});
+    rows.push_back({"generated LayerNorm fwd " + d + ", cols 768", size, "GB/s",
+                    generated_gbps(timer, s, t::layer_norm_group(dt, r, cols), 2 * b), copy, "D2D copy"});
+    rows.push_back({"generated bias grad (column sums) " + d, size, "GB/s",
+                    generated_gbps(timer, s, t::bias_grad_group(dt, {r, cols}), b), copy, "D2D copy"});
+  }
+  rows.push_back(
+      {"generated squared norm f32", mib(bytes) + " x", "GB/s",
+       generated_gbps(timer, s, bt::test::square_norm_group(static_cast<int64_t>(bytes / 4) / cols, cols), b),
+       copy, "D2D copy"});
+}
+#endif
+
 double copy_gbps(Timer& timer, cudaStream_t s, size_t bytes) {
   Dev src(bytes), dst(bytes);
   fill_random(DType::F32, src.p, static_cast<int64_t>(bytes / 4), 3, -1.0f, 1.0f, s);
@@ -491,6 +544,9 @@ int main(int argc, char** argv) {
       }
       const double ad = adamw_gbps(timer, s, bytes);
       rows.push_back({"AdamW (f32 grads)", mib(bytes) + " params", "GB/s", ad, copy, "D2D copy"});
+#ifdef BT_MLIR
+      bench_generated(timer, s, bytes, copy, rows);
+#endif
     }
     BT_CUDA_CHECK(cudaStreamSynchronize(s));
     BT_CUDA_CHECK(cudaStreamDestroy(s));

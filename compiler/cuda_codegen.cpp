@@ -6,6 +6,7 @@
 #include <system_error>
 #include <vector>
 
+#include <llvm/Config/llvm-config.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <mlir/Conversion/Passes.h>
@@ -36,7 +37,9 @@ namespace bt::compiler {
 
 const char* const kCudaPipeline =
     "nvvm-attach-target{chip={chip} O=3 l={libdevice}}, gpu.module(convert-scf-to-cf, "
-    "convert-gpu-to-nvvm{index-bitwidth=64}, reconcile-unrealized-casts), gpu-module-to-binary{format=isa}";
+    "convert-vector-to-llvm, "
+    "convert-gpu-to-nvvm{index-bitwidth=64 use-bare-ptr-memref-call-conv=1}, reconcile-unrealized-casts), "
+    "gpu-module-to-binary{format=isa}";
 
 namespace {
 
@@ -78,6 +81,14 @@ std::string replaced(std::string s, const std::string& key, const std::string& v
 }
 
 }  // namespace
+
+std::string cuda_codegen_key(const std::string& chip) {
+  const std::string libdevice = libdevice_path();
+  std::error_code ec;
+  const auto size = libdevice.empty() ? 0 : std::filesystem::file_size(libdevice, ec);
+  return "llvm " LLVM_VERSION_STRING "\nchip " + chip + "\npipeline " + kCudaPipeline + "\nlibdevice " +
+         libdevice + " (" + std::to_string(ec ? 0 : size) + " bytes)\n";
+}
 
 std::string cuda_ptx(const std::string& text, const std::string& what, const std::string& chip) {
   init_once();

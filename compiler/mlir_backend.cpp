@@ -8,8 +8,12 @@
 #include <fstream>
 
 #include "compiler/cpu_jit.h"
+#include "compiler/cuda_codegen.h"
+#include "compiler/cuda_template.h"
 #include "compiler/kernel_cache.h"
 #include "compiler/linalg_emitter.h"
+#include "runtime/core/cuda_module.h"
+#include "runtime/tensor/factory.h"
 #endif
 
 namespace bt::compiler {
@@ -64,6 +68,71 @@ class CpuKernel final : public fusion::Kernel {
   bool loaded_;
 };
 
+/// A group compiled for CUDA: its kernels (Note [CUDA kernel plans]) in one
+/// loaded module, launched in order on the current stream.
+class CudaKernel final : public fusion::Kernel {
+ public:
+  CudaKernel(fusion::Group g, CudaProgram prog, std::shared_ptr<CudaModule> m, bool loaded)
+      : g_(std::move(g)), prog_(std::move(prog)), module_(std::move(m)), loaded_(loaded) {}
+
+  bool loaded_from_cache() const override { return loaded_; }
+  std::string describe() const override { return prog_.summary; }
+
+  void run(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
+    fusion::check_tensors(g_, inputs, outputs, "fused kernel");
+    const Device& dev = module_->device();
+    const auto on_device = [&](const Tensor& t) {
+      BT_CHECK(t.device() == dev, "fused kernel '", g_.name, "' was compiled for ", dev, "; a tensor is on ",
+               t.device());
+    };
+    // The templates index inputs as contiguous arrays and read vectors at
+    // 16-byte boundaries: a strided or misaligned input is copied first.
+    std::vector<Tensor> in(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      on_device(inputs[i]);
+      in[i] = inputs[i].contiguous();
+    }
+    for (const CudaLaunch& l : prog_.launches)
+      for (size_t a = 0; a < l.args.size(); ++a)
+        if (l.args[a].kind == CudaArg::Input && l.align[a] > 0) {
+          Tensor& t = in[static_cast<size_t>(l.args[a].index)];
+          if (reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(l.align[a]) != 0)
+            t = t.clone();
+        }
+    std::vector<Tensor> scratch;
+    for (int64_t n : prog_.scratch_f32)
+      scratch.push_back(empty({n}, TensorOptions{}.with_dtype(DType::F32).with_device(dev)));
+    const Stream stream = Stream::current(dev);
+    for (size_t k = 0; k < prog_.launches.size(); ++k) {
+      const CudaLaunch& l = prog_.launches[k];
+      std::vector<void*> ptr(l.args.size());
+      std::vector<void*> arg(l.args.size());
+      for (size_t a = 0; a < l.args.size(); ++a) {
+        const CudaArg& c = l.args[a];
+        const Tensor& t = c.kind == CudaArg::Input    ? in[static_cast<size_t>(c.index)]
+                          : c.kind == CudaArg::Output ? outputs[static_cast<size_t>(c.index)]
+                                                      : scratch[static_cast<size_t>(c.index)];
+        if (c.kind == CudaArg::Output) on_device(t);
+        ptr[a] = t.data_ptr();
+        BT_CHECK(
+            l.align[a] == 0 || reinterpret_cast<uintptr_t>(ptr[a]) % static_cast<uintptr_t>(l.align[a]) == 0,
+            "fused kernel '", g_.name, "': output ", c.index, " is not ", l.align[a], "-byte aligned");
+        arg[a] = &ptr[a];
+      }
+      CudaModule::Dims d;
+      d.grid = l.grid;
+      d.block = l.block;
+      module_->launch(k, d, arg.data(), stream);
+    }
+  }
+
+ private:
+  fusion::Group g_;
+  CudaProgram prog_;
+  std::shared_ptr<CudaModule> module_;
+  bool loaded_;
+};
+
 /// The kernel cache's key of `g` compiled as `func` from `text` (Note [Kernel
 /// cache]): everything that changes the object code. Input strides are not in
 /// it: the emitted memref types have fully dynamic strides and offsets (Note
@@ -73,6 +142,15 @@ std::string cache_key(const fusion::Group& g, const std::string& func, const std
   std::snprintf(linalg, sizeof linalg, "%016" PRIx64, fnv1a64(text));
   return cat("blutrain fused kernel, cpu\ncode version ", kKernelCodeVersion, "\n", cpu_codegen_key(),
              "entry ", func, "\nlinalg fnv1a64 ", linalg, "\ngroup\n", g.canonical());
+}
+
+/// The key of `g`'s CUDA program (`module` emitted as `func`) for `chip`.
+std::string cuda_cache_key(const fusion::Group& g, const std::string& func, const std::string& module,
+                           const std::string& chip) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%016" PRIx64, fnv1a64(module));
+  return cat("blutrain fused kernel, cuda\ncode version ", kKernelCodeVersion, "\n", cuda_codegen_key(chip),
+             "entry ", func, "\nmodule fnv1a64 ", text, "\ngroup\n", g.canonical());
 }
 
 class MlirBackend final : public fusion::Backend {
@@ -91,15 +169,18 @@ class MlirBackend final : public fusion::Backend {
   }
 
   std::string unavailable(const Device& device) const override {
-    if (device.is_cuda())
-      return "the compiler does not generate CUDA kernels yet (the CPU JIT exists); groups on " +
-             device.str() + " run eagerly";
+    if (!device.is_cuda()) return "";
+    if (std::string why = cuda_modules_unavailable(); !why.empty()) return why;
+    if (libdevice_path().empty())
+      return "libdevice.10.bc (the CUDA toolkit's math library) was not found under $CUDA_HOME, $CUDA_PATH, "
+             "$CUDA_ROOT, /usr/local/cuda or /usr/lib/cuda; set CUDA_HOME to the toolkit's folder";
     return "";
   }
 
   std::shared_ptr<fusion::Kernel> compile(const fusion::Group& g, const Device& device) override {
     const std::string why = unavailable(device);
     BT_CHECK(why.empty(), "cannot compile fusion group '", g.name, "': ", why);
+    if (device.is_cuda()) return compile_cuda(g, device);
     const std::string func = symbol(g.name);
     const std::string text = to_linalg(g, func);
     const std::string what = "fusion group '" + g.name + "'";
@@ -125,6 +206,35 @@ class MlirBackend final : public fusion::Backend {
   }
 
  private:
+  std::shared_ptr<fusion::Kernel> compile_cuda(const fusion::Group& g, const Device& device) {
+    const std::string func = symbol(g.name);
+    const std::string what = "fusion group '" + g.name + "'";
+    CudaProgram prog = cuda_program(g, func);  // throws, naming the group, when no template fits
+    const std::string chip = "sm_" + std::to_string(cuda_arch(device));
+    std::vector<std::string> kernels;
+    for (const CudaLaunch& l : prog.launches) kernels.push_back(l.kernel);
+    std::string ptx;
+    bool loaded = false;
+    if (!opts_.dump_dir.empty()) {
+      ptx = cuda_ptx(prog.module, what, chip);
+      const std::filesystem::path dir = std::filesystem::path(opts_.dump_dir) / func;
+      std::filesystem::create_directories(dir);
+      write_file(dir / "group.txt", g.canonical());
+      write_file(dir / "cuda.mlir", prog.module);
+      write_file(dir / "kernel.ptx", ptx);
+    } else {
+      loaded =
+          cache_.fetch(
+              cuda_cache_key(g, func, prog.module, chip), [&](const std::string& payload) { ptx = payload; },
+              [&] {
+                ptx = cuda_ptx(prog.module, what, chip);
+                return ptx;
+              }) == KernelCache::Outcome::Loaded;
+    }
+    std::shared_ptr<CudaModule> m = CudaModule::load(device, ptx, kernels, what + " (" + prog.summary + ")");
+    return std::make_shared<CudaKernel>(g, std::move(prog), std::move(m), loaded);
+  }
+
   BackendOptions opts_;
   KernelCache cache_;
 };

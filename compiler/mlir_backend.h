@@ -1,8 +1,9 @@
 // The compiler's fusion backend (runtime/compile/fusion_backend.h): fusion
 // groups to MLIR (compiler/linalg_emitter.h), then, on the CPU, LLVM object
-// code loaded into LLVM's JIT (compiler/cpu_jit.h), kept in the on-disk
-// kernel cache (compiler/kernel_cache.h, Note [Kernel cache]). CUDA is not
-// generated yet: unavailable() says so and the caller runs such groups eagerly.
+// code loaded into LLVM's JIT (compiler/cpu_jit.h); on CUDA, the templates'
+// kernels (compiler/cuda_template.h) lowered to PTX (compiler/cuda_codegen.h)
+// and loaded by the runtime (runtime/core/cuda_module.h). Both kinds are kept
+// in the on-disk kernel cache (compiler/kernel_cache.h, Note [Kernel cache]).
 #pragma once
 
 #include <memory>
@@ -14,7 +15,8 @@ namespace bt::compiler {
 
 struct BackendOptions {
   /// When set, each compiled group writes its stages under DIR/<group>/:
-  /// group.txt (the canonical graph), linalg.mlir, llvm-dialect.mlir, module.ll.
+  /// group.txt (the canonical graph), then on the CPU linalg.mlir,
+  /// llvm-dialect.mlir, module.ll; on CUDA cuda.mlir (the templates' module) and kernel.ptx.
   std::string dump_dir;
   /// The on-disk kernel cache's folder (kernel_cache_dir() resolves
   /// compile.cache_dir to it); empty: none, kernels are compiled in memory.

@@ -192,8 +192,12 @@ int run_bench(int argc, char** argv) {
       "none, selective, full",
       cli::value<std::string>()->default_value("auto"))(
       "cuda-graph", "train.cuda_graph settings to measure BluTrain with: on, off or both",
-      cli::value<std::string>()->default_value("on"))("device", "cuda, cuda:N or cpu",
-                                                      cli::value<std::string>()->default_value("auto"))(
+      cli::value<std::string>()->default_value("on"))(
+      "variants",
+      "comma-separated BluTrain models to measure: fused (the hand-fused ops), primitive (model.fused_ops "
+      "false), each optionally +compile (train.compile true), e.g. fused,primitive,primitive+compile",
+      cli::value<std::string>()->default_value("fused"))("device", "cuda, cuda:N or cpu",
+                                                         cli::value<std::string>()->default_value("auto"))(
       "repeats",
       "runs of each side, BluTrain's and every reference's, interleaved; the table reports the median "
       "tokens/s "
@@ -273,6 +277,15 @@ int run_bench(int argc, char** argv) {
   std::vector<bool> graph_modes;
   if (graph_opt != "off") graph_modes.push_back(true);
   if (graph_opt != "on") graph_modes.push_back(false);
+  std::vector<std::string> variants;
+  std::stringstream vs(r["variants"].as<std::string>());
+  for (std::string v; std::getline(vs, v, ',');) {
+    BT_CHECK(v == "fused" || v == "primitive" || v == "fused+compile" || v == "primitive+compile",
+             "blutrain bench --variants: '", v,
+             "' is not one of fused, primitive, fused+compile, primitive+compile");
+    variants.push_back(v);
+  }
+  BT_CHECK(!variants.empty(), "blutrain bench --variants: name at least one model");
   std::stringstream precs(r["precision"].as<std::string>());
   for (std::string p; std::getline(precs, p, ',');) {
     parse_precision(p);
@@ -292,15 +305,20 @@ int run_bench(int argc, char** argv) {
     for (const std::vector<Side>& runs : ref_runs) theirs.push_back(combine(runs));
     const auto mfu = peak_flops(dev, parse_precision(p));
     const double fpt = c.model.flops_per_token(T);
-    for (size_t run = 0; run < recompute_modes.size() * graph_modes.size(); ++run) {
-      c.train.recompute = recompute_modes[run / graph_modes.size()];
+    const size_t per_variant = recompute_modes.size() * graph_modes.size();
+    for (size_t run = 0; run < variants.size() * per_variant; ++run) {
+      const std::string& variant = variants[run / per_variant];
+      c.model.fused_ops = variant.rfind("fused", 0) == 0;
+      c.train.compile = variant.find("+compile") != std::string::npos;
+      c.train.recompute = recompute_modes[run % per_variant / graph_modes.size()];
       c.train.cuda_graph = graph_modes[run % graph_modes.size()];
       const std::string mode(recompute_name(c.recompute()));
       std::printf(
-          "blutrain: %s %s, recompute %s, CUDA graph %s, micro-batch %lld x %lld, %lld timed steps after "
+          "blutrain: %s %s [%s], recompute %s, CUDA graph %s, micro-batch %lld x %lld, %lld timed steps "
+          "after "
           "%lld "
           "warmup...\n",
-          preset.c_str(), p.c_str(), mode.c_str(), c.train.cuda_graph ? "on" : "off",
+          preset.c_str(), p.c_str(), variant.c_str(), mode.c_str(), c.train.cuda_graph ? "on" : "off",
           static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
           static_cast<long long>(warmup));
       std::fflush(stdout);
@@ -315,8 +333,10 @@ int run_bench(int argc, char** argv) {
       if (!modes.empty()) j["reference_precision"] = ref_p;
       j["recompute"] = mode;
       j["cuda_graph"] = c.train.cuda_graph;
+      j["variant"] = variant;
       std::string label = mode == "none" ? p : p + " (" + mode + ")";
       if (graph_modes.size() > 1) label += c.train.cuda_graph ? " graph" : " eager";
+      if (variants.size() > 1 || variant != "fused") label += " [" + variant + "]";
       j["blutrain_tokens_per_s"] = ours.tokens_per_s;
       j["blutrain_step_ms"] = ours.step_ms;
       j["blutrain_step_ms_median"] = ours.step_ms_median;

@@ -27,6 +27,8 @@ class Kernel {
   /// True when the backend loaded this kernel from a cache it keeps between
   /// runs instead of generating its code (compile() still made the kernel).
   virtual bool loaded_from_cache() const { return false; }
+  /// What the kernel is, for profiles ("rows[16, 1024, 768] + columns[...]"); empty: nothing to say.
+  virtual std::string describe() const { return ""; }
 };
 
 class Backend {

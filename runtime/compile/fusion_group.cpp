@@ -137,6 +137,13 @@ int Group::unary(Op op, int a) {
 }
 
 int Group::binary(Op op, int a, int b) {
+  const int count = static_cast<int>(nodes.size());
+  BT_CHECK(a >= 0 && a < count && b >= 0 && b < count, "fusion group '", name, "': no node %",
+           a >= 0 && a < count ? b : a);
+  return binary(op, a, b, broadcast_shapes(nodes[a].shape, nodes[b].shape, op_name(op)));
+}
+
+int Group::binary(Op op, int a, int b, const Shape& shape) {
   BT_CHECK(is_binary(op), "fusion group '", name, "': ", op_name(op), " is not a binary op");
   const int count = static_cast<int>(nodes.size());
   BT_CHECK(a >= 0 && a < count && b >= 0 && b < count, "fusion group '", name, "': no node %",
@@ -144,7 +151,7 @@ int Group::binary(Op op, int a, int b) {
   Node n;
   n.op = op;
   n.dtype = nodes[a].dtype;
-  n.shape = broadcast_shapes(nodes[a].shape, nodes[b].shape, op_name(op));
+  n.shape = shape;
   n.args = {a, b};
   return push(n);
 }
@@ -229,8 +236,14 @@ void Group::validate_node(int i) const {
         };
         BT_CHECK(n.args.size() == 2 && fits(arg(0)) && fits(arg(1)), where(*this, i), " (", op_name(n.op),
                  ") takes two arguments of its dtype (a scalar of a bf16 op may be f32)");
-        BT_CHECK(broadcast_shapes(arg(0).shape, arg(1).shape, op_name(n.op)) == n.shape, where(*this, i),
-                 " has shape ", shape_str(n.shape), ", not its arguments' broadcast shape");
+        const Shape both = broadcast_shapes(arg(0).shape, arg(1).shape, op_name(n.op));
+        bool fits_shape = both.size() <= n.shape.size();
+        for (size_t k = 0; fits_shape && k < both.size(); ++k) {
+          const int64_t x = both[both.size() - 1 - k], y = n.shape[n.shape.size() - 1 - k];
+          fits_shape = x == y || x == 1;
+        }
+        BT_CHECK(fits_shape, where(*this, i), " has shape ", shape_str(n.shape),
+                 ", which its arguments' broadcast shape ", shape_str(both), " does not broadcast to");
       }
   }
 }
@@ -337,6 +350,7 @@ std::vector<Tensor> run_eager(const Group& g, const std::vector<Tensor>& inputs)
           r = pow(x, y);
       }
       v[i] = r.to(DType::BF16);
+      if (v[i].shape() != n.shape) v[i] = v[i].expand(n.shape).contiguous();
       continue;
     }
     const auto a = [&](size_t k) -> const Tensor& { return v[n.args[k]]; };
@@ -391,6 +405,8 @@ std::vector<Tensor> run_eager(const Group& g, const std::vector<Tensor>& inputs)
         break;
       }
     }
+    if (is_binary(n.op) && v[i].shape() != n.shape)
+      v[i] = v[i].expand(n.shape).contiguous();  // broadcast to it
   }
   std::vector<Tensor> out;
   for (int o : g.outputs) out.push_back(v[o].contiguous());

@@ -13,7 +13,11 @@
 //               hold it (the op then computes in f32 and rounds once)
 //   Neg Exp Log Tanh Sqrt             elementwise on one argument of the same shape
 //   Add Sub Mul Div Pow               elementwise on two arguments whose shapes
-//                                     broadcast (NumPy rules) to the node's shape
+//                                     broadcast (NumPy rules) to the node's shape;
+//                                     the node's shape may be larger still (the
+//                                     result broadcast to it: a reduction's
+//                                     backward, gradient expanded over the
+//                                     reduced dims, is `mul %g, 1.0` so)
 //   Cast        the argument converted to the node's dtype (round to nearest even)
 //   Sum Max     the argument reduced over `dims` (sorted, distinct); the node's
 //               shape drops them, or keeps them as 1 with `keepdim`
@@ -64,6 +68,9 @@ struct Group {
   int scalar(double value, DType dtype);
   int unary(Op op, int a);
   int binary(Op op, int a, int b);
+  /// A binary node whose result is broadcast to `shape` (which the arguments' broadcast shape must broadcast
+  /// to).
+  int binary(Op op, int a, int b, const Shape& shape);
   int cast(int a, DType dtype);
   int reduce(Op op, int a, std::vector<int64_t> dims, bool keepdim = false);
   void output(int node) { outputs.push_back(node); }

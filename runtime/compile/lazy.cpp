@@ -10,7 +10,9 @@
 #include <unordered_map>
 
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/autograd/recompute.h"
 #include "runtime/compile/fusion_backend.h"
+#include "runtime/core/profiler.h"
 
 namespace bt::fusion {
 namespace {
@@ -31,6 +33,17 @@ struct LazyNode final : PendingValue {
   DType scalar_dtype = DType::F32;
   int dim = -1;  // Sum
   std::weak_ptr<Storage> storage;
+  // Note [Saved values recomputed]
+  std::vector<uint64_t> input_versions;  // inputs[k]'s version when recorded
+  struct Computed {                      // argument k once its group wrote it (args[k] is dropped then)
+    std::shared_ptr<Storage> storage;
+    uint64_t version = 0;
+    Shape shape;
+    DType dtype = DType::F32;
+  };
+  std::vector<Computed> computed;
+  int depth = 1;                                // elementwise ops down to materialized data or a sum
+  std::vector<std::shared_ptr<LazyNode>> sums;  // the pending sums reached through elementwise args
 };
 
 struct Context {
@@ -54,26 +67,72 @@ constexpr size_t kMaxPending = 4096;  // a longer region is computed in pieces
 /// The type a scalar of an op on `t` is held in: f32 for bf16, as the kernels hold it.
 DType compute_type(DType t) { return t == DType::BF16 ? DType::F32 : t; }
 
-/// A pending tensor of `n`'s shape and dtype, registered in the context.
-Tensor make_pending(const std::shared_ptr<LazyNode>& n) {
+/// A contiguous tensor of `shape` and `dtype` over all of `st`.
+Tensor tensor_over(std::shared_ptr<Storage> st, const Shape& shape, DType dtype, const Stream& stream) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(st);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->stream = stream;
+  return Tensor(std::move(impl));
+}
+
+/// The storage of pending node `n`: the one its tensors share while any is
+/// held, else a new one (holding it makes `n` an output of its group).
+std::shared_ptr<Storage> storage_of(const std::shared_ptr<LazyNode>& n) {
+  if (std::shared_ptr<Storage> st = n->storage.lock()) return st;
   auto st = std::make_shared<Storage>();
   st->device = n->device;
   st->nbytes = static_cast<size_t>(shape_numel(n->shape)) * dtype_size(n->dtype);
   st->pending = n;
   n->storage = st;
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(st);
-  impl->shape = n->shape;
-  impl->strides = contiguous_strides(n->shape);
-  impl->dtype = n->dtype;
-  impl->stream = n->stream;
+  return st;
+}
+
+Tensor rebuild(const std::shared_ptr<LazyNode>& n, bool root);
+
+// Note [Saved values recomputed]
+// A value autograd saves for backward is kept in memory until the backward
+// reads it. Written from primitive ops, a block saves many: LayerNorm's
+// centered input and normalized value, every intermediate of GELU's tanh
+// formula -- each its own full-size output of the forward group, read again
+// by a backward group. Under train.recompute selective or full (bf16's
+// default), a pending elementwise value at least two ops above materialized
+// data is tagged with a recompute recipe (runtime/autograd/recompute.h), as
+// the fused LayerNorm and GELU tag their outputs: a SavedTensor then keeps
+// the recipe, not the storage, so the forward group need not write it. In
+// backward, unpacking rebuilds it from its arguments -- values its group did
+// write (Computed), recorded inputs, and the sums it reads (pinned by the
+// recipe, so they are written: a row statistic is small) -- as new pending
+// nodes, recorded into the backward's own group: recomputed there, from data
+// that group often reads anyway, instead of stored and loaded. The rebuilt
+// value is bitwise the forward's: the same ops on the same bits, each
+// rounded to its dtype (no contraction, no reassociation in elementwise
+// code). A one-op value (a bias add) is not tagged: rebuilding it would pin
+// its input, as large as itself, and cost a pass when an opaque op (a GEMM,
+// attention) reads it. Versions guard the inputs: one written in place since
+// the forward makes the unpack fail, as a saved tensor's would.
+/// Tags `t` (pending node `n`) with its recipe when Note [Saved values recomputed] says so.
+void maybe_recomputable(const Tensor& t, const std::shared_ptr<LazyNode>& n) {
+  if (n->op == Op::Sum || n->depth < 2 || !GradMode::enabled() ||
+      autograd::recompute_mode() == Recompute::None)
+    return;
+  std::vector<std::shared_ptr<Storage>> pins;
+  for (const auto& r : n->sums) pins.push_back(storage_of(r));
+  autograd::make_recomputable(t, [n, pins = std::move(pins)] { return rebuild(n, true); });
+}
+
+/// A pending tensor of `n`'s shape and dtype, registered in the context.
+Tensor make_pending(const std::shared_ptr<LazyNode>& n) {
+  Tensor t = tensor_over(storage_of(n), n->shape, n->dtype, n->stream);
   size_t count;
   {
     std::lock_guard<std::mutex> lk(ctx().mu);
     ctx().pending.push_back(n);
     count = ctx().pending.size();
   }
-  Tensor t(std::move(impl));
+  maybe_recomputable(t, n);
   if (count >= kMaxPending) flush();  // t is held here: it is computed as an output
   return t;
 }
@@ -97,14 +156,25 @@ void add_args(LazyNode& n, std::initializer_list<const Tensor*> ts) {
     if (t->impl()->storage->pending && !pending_node(*t)) (void)t->data_ptr();
   for (const Tensor* t : ts) {
     if (std::shared_ptr<LazyNode> p = pending_node(*t)) {
+      if (p->op == Op::Sum) {
+        n.sums.push_back(p);
+      } else {
+        n.depth = std::max(n.depth, p->depth + 1);
+        n.sums.insert(n.sums.end(), p->sums.begin(), p->sums.end());
+      }
       n.args.push_back(std::move(p));
       n.inputs.emplace_back();
+      n.input_versions.push_back(0);
     } else {
       t->impl()->storage->lazy_readers.fetch_add(1);
       n.args.push_back(nullptr);
       n.inputs.push_back(*t);
+      n.input_versions.push_back(t->version());
     }
   }
+  n.computed.resize(n.args.size());
+  std::sort(n.sums.begin(), n.sums.end());
+  n.sums.erase(std::unique(n.sums.begin(), n.sums.end()), n.sums.end());
 }
 
 std::shared_ptr<LazyNode> new_node(Op op, DType dtype, Shape shape, const Tensor& like) {
@@ -172,7 +242,9 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
     }
     int id;
     if (x.scalar_arg) {
-      id = g.binary(x.op, a[0], g.scalar(x.value, x.scalar_dtype));
+      id = g.binary(x.op, a[0], g.scalar(x.value, x.scalar_dtype), x.shape);
+    } else if (x.op == Op::Cast) {
+      id = g.cast(a[0], x.dtype);
     } else if (x.op == Op::Sum) {
       int src = a[0];
       if (g.nodes[src].dtype != x.dtype)
@@ -201,13 +273,7 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
     Storage& st = *out_storage[i];
     st.allocator = &allocator_for(dev);
     st.data = st.nbytes ? st.allocator->allocate(st.nbytes, x.stream) : nullptr;
-    auto impl = std::make_shared<TensorImpl>();
-    impl->storage = out_storage[i];
-    impl->shape = x.shape;
-    impl->strides = contiguous_strides(x.shape);
-    impl->dtype = x.dtype;
-    impl->stream = x.stream;
-    outs.emplace_back(std::move(impl));
+    outs.push_back(tensor_over(out_storage[i], x.shape, x.dtype, x.stream));
   }
   // The kernel: from the cache, or compiled now (null when compiling failed).
   Context& c = ctx();
@@ -250,7 +316,18 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
   std::vector<uint64_t> versions;
   for (int i : outputs_idx) versions.push_back(out_storage[i]->version.load());
   bool eager = kernel == nullptr;
-  if (kernel) kernel->run(inputs, outs);
+  if (kernel) {
+    // BT_PROFILE: each group by kind and the megabytes it reads and writes.
+    std::string name = "fused";
+    if (profiling_enabled()) {
+      size_t bytes = 0;
+      for (const Tensor& t : inputs) bytes += t.nbytes();
+      for (const Tensor& t : outs) bytes += t.nbytes();
+      name = cat("fused ", kernel->describe(), " ", (bytes + (1 << 19)) >> 20, " MB");
+    }
+    ProfileScope prof(name);
+    kernel->run(inputs, outs);
+  }
   if (eager || (fresh && c.opts.check)) {
     const std::vector<Tensor> ref = run_eager(g, inputs);
     for (size_t k = 0; k < outs.size(); ++k) {
@@ -264,6 +341,16 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
     }
   }
   for (size_t k = 0; k < outputs_idx.size(); ++k) out_storage[outputs_idx[k]]->version.store(versions[k]);
+  // Note [Saved values recomputed]: a recipe reads what its group wrote, and
+  // drops the nodes behind it (and their inputs).
+  for (const auto& y : work)
+    for (size_t k = 0; k < y->args.size(); ++k)
+      if (y->args[k]) {
+        const size_t j = index.at(y->args[k].get());
+        if (!out_storage[j]) continue;
+        y->computed[k] = {out_storage[j], out_storage[j]->version.load(), work[j]->shape, work[j]->dtype};
+        y->args[k].reset();
+      }
   std::lock_guard<std::mutex> lk(c.mu);
   ++c.stats.groups_run;
   c.stats.nodes_fused += fused;
@@ -310,12 +397,20 @@ Tensor lazy_binary(Op op, const Tensor& a, const Tensor& b) {
   return make_pending(n);
 }
 
-Tensor lazy_scalar(Op op, const Tensor& a, double s) {
-  auto n = new_node(op, a.dtype(), a.shape(), a);
+Tensor lazy_scalar(Op op, const Tensor& a, double s) { return lazy_scalar_to(op, a, s, a.shape()); }
+
+Tensor lazy_scalar_to(Op op, const Tensor& a, double s, const Shape& shape) {
+  auto n = new_node(op, a.dtype(), shape, a);
   add_args(*n, {&a});
   n->scalar_arg = true;
   n->value = s;
   n->scalar_dtype = compute_type(a.dtype());
+  return make_pending(n);
+}
+
+Tensor lazy_cast(const Tensor& a, DType dtype) {
+  auto n = new_node(Op::Cast, dtype, a.shape(), a);
+  add_args(*n, {&a});
   return make_pending(n);
 }
 
@@ -327,6 +422,49 @@ Tensor lazy_sum(const Tensor& a, int dim, DType out) {
   add_args(*n, {&a});
   return make_pending(n);
 }
+
+namespace {
+
+/// Note [Saved values recomputed]: `n` again as a pending value (its own
+/// storage is never read for the root, which a recipe exists to not keep).
+Tensor rebuild(const std::shared_ptr<LazyNode>& n, bool root) {
+  if (!root)
+    if (std::shared_ptr<Storage> st = n->storage.lock(); st && st->pending)
+      return tensor_over(st, n->shape, n->dtype, n->stream);  // still pending in this window
+  std::vector<Tensor> a(n->args.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (const LazyNode::Computed& c = n->computed[k]; c.storage) {
+      BT_CHECK(
+          c.storage->version.load() == c.version,
+          "a value saved for backward (kept as a recompute recipe, Note [Saved values recomputed]) reads a "
+          "tensor that was modified in place after the forward computed it; use an out-of-place op");
+      a[k] = tensor_over(c.storage, c.shape, c.dtype, n->stream);
+    } else if (n->args[k]) {
+      a[k] = rebuild(n->args[k], false);
+    } else {
+      BT_CHECK(
+          n->inputs[k].version() == n->input_versions[k],
+          "a value saved for backward (kept as a recompute recipe, Note [Saved values recomputed]) reads a "
+          "tensor that was modified in place after it was saved (version ",
+          n->input_versions[k], " then, ", n->inputs[k].version(), " now); use an out-of-place op");
+      a[k] = n->inputs[k];
+    }
+  }
+  auto m = new_node(n->op, n->dtype, n->shape, a[0]);
+  m->scalar_arg = n->scalar_arg;
+  m->value = n->value;
+  m->scalar_dtype = n->scalar_dtype;
+  m->dim = n->dim;
+  if (a.size() == 1)
+    add_args(*m, {&a[0]});
+  else
+    add_args(*m, {&a[0], &a[1]});
+  Tensor t = make_pending(m);
+  if (ctx().scopes.load() == 0) (void)t.data_ptr();  // no scope will flush it: compute it now
+  return t;
+}
+
+}  // namespace
 
 void flush() {
   std::vector<std::shared_ptr<LazyNode>> work;
@@ -347,6 +485,12 @@ void flush() {
       --t_flushing;
     }
   } release{work};
+  struct Forget {  // what only recording needed (Note [Saved values recomputed])
+    std::vector<std::shared_ptr<LazyNode>>& w;
+    ~Forget() {
+      for (const auto& n : w) n->sums.clear();
+    }
+  } forget{work};
   // One group per device, in creation order within each.
   std::map<std::string, std::vector<std::shared_ptr<LazyNode>>> by_device;
   for (const auto& n : work) by_device[n->device.str()].push_back(n);

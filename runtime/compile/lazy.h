@@ -68,6 +68,11 @@ Tensor lazy_unary(Op op, const Tensor& a);
 Tensor lazy_binary(Op op, const Tensor& a, const Tensor& b);
 /// `a op s` (Add, Mul, Pow), s in a's compute type: the kernels' scalar ops.
 Tensor lazy_scalar(Op op, const Tensor& a, double s);
+/// `a op s` broadcast to `shape` (a's shape must broadcast to it): a
+/// reduction's backward expands its gradient so, with no eager expand copy.
+Tensor lazy_scalar_to(Op op, const Tensor& a, double s, const Shape& shape);
+/// `a` converted to `dtype` (f32, f64 or bf16; round to nearest even).
+Tensor lazy_cast(const Tensor& a, DType dtype);
 /// The sum along `dim`, kept as size 1, in `out` (a's dtype, or f32 for bf16).
 Tensor lazy_sum(const Tensor& a, int dim, DType out);
 

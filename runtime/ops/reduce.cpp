@@ -127,6 +127,9 @@ Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepd
     autograd::record(
         mean ? "MeanBackward" : "SumBackward", {&x}, y,
         [kept, xs = x.shape(), scale = mean ? 1.0 / std::max<int64_t>(count, 1) : 1.0](Grads& g) -> Grads {
+          // Under lazy fusion the expansion is the scale's broadcast: no view of a pending value, no copy.
+          if (fusion::lazy_recording(g[0].device()) && shape_numel(xs) > 0)
+            return {fusion::lazy_scalar_to(fusion::Op::Mul, g[0].reshape(kept), scale, xs)};
           Tensor gi = g[0].reshape(kept).expand(xs).contiguous();
           return {scale == 1.0 ? gi : mul(gi, scale)};
         });

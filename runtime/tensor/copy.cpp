@@ -6,6 +6,7 @@
 #include "kernels/scatter.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/compile/lazy.h"
 #include "runtime/core/cuda_graph.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/elementwise.h"
@@ -131,7 +132,11 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
-  Tensor y = copy_as(*this, t);
+  const auto fusible = [](DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F64; };
+  // Note [Lazy fusion]: a cast between float types is one more fusible op.
+  Tensor y = fusible(t) && fusible(dtype()) && numel() > 0 && fusion::lazy_recording(device())
+                 ? fusion::lazy_cast(*this, t)
+                 : copy_as(*this, t);
   if (autograd::any_requires_grad({this})) {
     BT_CHECK(is_floating(t), "to(", t, "): a tensor that requires grad can only be cast to a floating dtype");
     // Note [Gradients in a wider dtype]: a gradient already in the source's

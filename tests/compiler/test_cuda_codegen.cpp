@@ -1,8 +1,9 @@
-// The CUDA elementwise template (Note [CUDA elementwise template]) on the
-// CPU-only machine: which groups it takes and why it refuses the others, the
-// module it writes, and MLIR 19's lowering of that module to PTX in process
-// (16-byte vector loads and stores, one entry, the target), with no GPU. The
-// kernels' results are the GPU machine's to check, once the runtime loads them.
+// CUDA codegen on the CPU-only machine: how groups are planned into kernels
+// (Note [CUDA kernel plans]) and why the others are refused, the modules the
+// templates write (Note [CUDA templates]), and MLIR 19's lowering of them to
+// PTX in process (16-byte vector accesses, shuffles, barriers), with no GPU.
+// What the kernels compute is checked on the GPU machine
+// (tests/compiler/test_cuda_kernels_gpu.cpp).
 #include <string>
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include "compiler/cuda_codegen.h"
 #include "compiler/cuda_template.h"
 #include "tests/support/error_message.h"
+#include "tests/support/fusion_groups.h"
 
 namespace bt::compiler {
 namespace {
@@ -17,70 +19,128 @@ namespace {
 using fusion::Group;
 using fusion::Op;
 
-/// y = tanh((a + b) * 0.5), z = a * b: two outputs over one f32 shape.
-Group bias_tanh(const Shape& shape, DType dt = DType::F32) {
-  Group g;
-  g.name = "bias_tanh";
-  const int a = g.input(dt, shape), b = g.input(dt, shape);
-  const int s = g.binary(Op::Mul, g.binary(Op::Add, a, b), g.scalar(0.5, dt));
-  g.output(g.unary(Op::Tanh, s));
-  g.output(g.binary(Op::Mul, a, b));
-  return g;
-}
-
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
   return n;
 }
 
-TEST(CudaTemplate, TakesElementwiseF32GroupsAndSaysWhyNotTheOthers) {
-  EXPECT_EQ(cuda_elementwise_unsupported(bias_tanh({64, 768})), "");
-  EXPECT_NE(cuda_elementwise_unsupported(bias_tanh({64, 768}, DType::BF16))
-                .find("is bf16; the CUDA template takes f32 only"),
-            std::string::npos);
-  EXPECT_NE(cuda_elementwise_unsupported(bias_tanh({3, 5})).find("15 elements are not a multiple of 4"),
-            std::string::npos);
-  Group bcast;
-  bcast.name = "bias";
-  bcast.output(bcast.binary(Op::Add, bcast.input(DType::F32, {8, 16}), bcast.input(DType::F32, {16})));
-  EXPECT_NE(cuda_elementwise_unsupported(bcast).find("the CUDA template does not broadcast"),
-            std::string::npos);
-  Group rows;
-  rows.name = "rows";
-  rows.output(rows.reduce(Op::Sum, rows.input(DType::F32, {8, 16}), {1}));
-  EXPECT_NE(cuda_elementwise_unsupported(rows).find("fusion group 'rows': node 1 (sum) is not elementwise"),
-            std::string::npos);
-  const std::string msg = test::error_message([&] { (void)cuda_elementwise_module(rows, "k"); });
-  EXPECT_NE(msg.find("cuda_elementwise_module: fusion group 'rows'"), std::string::npos) << msg;
+std::string plan_of(const Group& g) {
+  CudaPlan p;
+  const std::string why = plan_cuda(g, &p);
+  if (!why.empty()) return why;
+  std::string s;
+  for (const KernelPlan& k : p.kernels) {
+    s += std::string(s.empty() ? "" : " + ") + pattern_name(k.pattern) + shape_str(k.space) + "/" +
+         std::to_string(k.split) + " out";
+    for (int o : k.outputs) s += " " + std::to_string(o);
+  }
+  return s;
 }
 
-TEST(CudaTemplate, TheModuleLoadsStoresAndComputesVectors) {
-  const std::string m = cuda_elementwise_module(bias_tanh({64, 768}), "fused_bias_tanh");
-  EXPECT_NE(m.find("gpu.func @fused_bias_tanh(%in0: memref<?xvector<4xf32>>, %in1: memref<?xvector<4xf32>>, "
-                   "%out0: memref<?xvector<4xf32>>, %out1: memref<?xvector<4xf32>>, %n: index) kernel"),
+TEST(CudaPlan, SortsOutputsIntoPointwiseRowAndColumnKernels) {
+  EXPECT_EQ(plan_of(test::bias_gelu_group(DType::F32, 64, 768)), "pointwise[64, 768]/0 out 0");
+  EXPECT_EQ(plan_of(test::layer_norm_group(DType::BF16, 128, 768)), "rows[128, 768]/1 out 0 1 2");
+  EXPECT_EQ(plan_of(test::bias_grad_group(DType::F32, {4, 32, 768})), "columns[4, 32, 768]/2 out 0");
+  EXPECT_EQ(plan_of(test::square_norm_group(512, 128)), "columns[512, 128]/2 out 0 + pointwise[]/0 out 1");
+  // LayerNorm's backward: the weight and bias gradients (columns), then dx's rows, which also
+  // write the pointwise output over the same space (its inputs read once).
+  // A column sum of a value made from a row sum: the rows kernel first, the columns kernel reads its output.
+  EXPECT_EQ(plan_of(test::row_then_column_group(DType::BF16, {4, 32, 64})),
+            "rows[4, 32, 64]/2 out 0 + columns[4, 32, 64]/2 out 1");
+  EXPECT_EQ(plan_of(test::layer_norm_backward_group(DType::F32, {4, 32, 768})),
+            "columns[4, 32, 768]/2 out 0 1 + rows[4, 32, 768]/2 out 2 3");
+}
+
+TEST(CudaPlan, SaysWhyAGroupHasNoPlan) {
+  Group mid;
+  mid.name = "mid";
+  mid.output(mid.reduce(Op::Sum, mid.input(DType::F32, {4, 8, 16}), {1}, true));
+  EXPECT_NE(
+      plan_of(mid).find("fusion group 'mid': node 1 reduces dims that are neither leading nor trailing"),
+      std::string::npos);
+  Group centered;  // x - column mean: a full value after a column reduction
+  centered.name = "centered";
+  const int x = centered.input(DType::F32, {64, 16});
+  centered.output(centered.binary(Op::Sub, x, centered.reduce(Op::Sum, x, {0}, true)));
+  EXPECT_NE(plan_of(centered).find("output 0 is a full-size value computed from a column reduction"),
             std::string::npos)
-      << m;
-  EXPECT_EQ(count(m, "memref.load"), 2u) << m;
-  EXPECT_EQ(count(m, "memref.store"), 2u) << m;
-  EXPECT_NE(m.find("arith.constant dense<0x3F000000> : vector<4xf32>"), std::string::npos)
-      << m;  // 0.5, exact
-  EXPECT_NE(m.find("math.tanh"), std::string::npos) << m;
+      << plan_of(centered);
+  Group f64;
+  f64.name = "f64";
+  f64.output(f64.unary(Op::Exp, f64.input(DType::F64, {8})));
+  EXPECT_NE(plan_of(f64).find("node 0 is f64; CUDA kernels are generated for f32 and bf16"),
+            std::string::npos);
+  const std::string msg = test::error_message([&] { (void)cuda_program(mid, "k"); });
+  EXPECT_NE(msg.find("fusion group 'mid'"), std::string::npos) << msg;
 }
 
-TEST(CudaCodegen, TheTemplateLowersToPtxWith16ByteAccesses) {
-  if (libdevice_path().empty())
-    GTEST_SKIP() << "no CUDA toolkit here (libdevice.10.bc): nothing to link tanh from";
+TEST(CudaTemplate, PointwiseKernelsMoveSixteenBytesPerAccess) {
+  const CudaProgram p = cuda_program(test::bias_gelu_group(DType::F32, 64, 768), "k");
+  ASSERT_EQ(p.launches.size(), 1u);
+  EXPECT_NE(p.module.find("gpu.func @k_0(%in0: memref<12288xvector<4xf32>>, %in1: memref<192xvector<4xf32>>, "
+                          "%out0: memref<12288xvector<4xf32>>) kernel"),
+            std::string::npos)
+      << p.module;
+  EXPECT_EQ(p.launches[0].grid[0], 48u);  // 12288 vectors / 256 threads
+  EXPECT_EQ(p.launches[0].block[0], 256u);
+  const CudaProgram b = cuda_program(test::bias_gelu_group(DType::BF16, 64, 768), "k");
+  EXPECT_NE(b.module.find("%in1: memref<96xvector<8xbf16>>"), std::string::npos) << b.module;
+  EXPECT_NE(b.module.find("arith.truncf"), std::string::npos);  // each bf16 node rounds
+}
+
+TEST(CudaCodegen, PointwiseLowersToPtxWithVectorAccessesOnly) {
+  if (libdevice_path().empty()) GTEST_SKIP() << "no CUDA toolkit here (libdevice.10.bc)";
   const std::string ptx =
-      cuda_ptx(cuda_elementwise_module(bias_tanh({64, 768}), "fused_bias_tanh"), "fusion group 'bias_tanh'");
+      cuda_ptx(cuda_program(test::bias_gelu_group(DType::F32, 64, 768), "k").module, "f32");
   EXPECT_NE(ptx.find(".target sm_90"), std::string::npos) << ptx;
-  EXPECT_EQ(count(ptx, ".entry fused_bias_tanh"), 1u) << ptx;
-  EXPECT_EQ(count(ptx, "ld.global.v4.f32"), 2u) << ptx;  // one 16-byte load per input
-  EXPECT_EQ(count(ptx, "st.global.v4.f32"), 2u) << ptx;  // one 16-byte store per output
-  EXPECT_EQ(count(ptx, "ld.global.f32"), 0u) << ptx;     // and no scalar access
-  EXPECT_EQ(count(ptx, "call"), 0u) << ptx;              // libdevice's tanhf is inlined
-  EXPECT_NE(cuda_ptx(cuda_elementwise_module(bias_tanh({64, 768}), "k"), "k", "sm_80").find(".target sm_80"),
+  EXPECT_EQ(count(ptx, ".entry k_0"), 1u) << ptx;
+  EXPECT_EQ(count(ptx, "ld.global.v4.f32"), 2u) << ptx;  // x and the bias: one 16-byte load each
+  EXPECT_EQ(count(ptx, "st.global.v4.f32"), 1u) << ptx;
+  EXPECT_EQ(count(ptx, "ld.global.f32"), 0u) << ptx;
+  EXPECT_EQ(count(ptx, "call"), 0u) << ptx;  // libdevice's tanhf is inlined
+  const std::string bf =
+      cuda_ptx(cuda_program(test::bias_gelu_group(DType::BF16, 64, 768), "k").module, "bf16");
+  EXPECT_EQ(count(bf, "ld.global.v4.b32"), 2u) << bf;  // 8 bf16 = 16 bytes
+  EXPECT_EQ(count(bf, "st.global.v4.b32"), 1u) << bf;
+  EXPECT_EQ(count(bf, "ld.global.u16") + count(bf, "ld.global.b16"), 0u) << bf;
+  EXPECT_GT(count(bf, "cvt.rn.bf16.f32"), 0u) << bf;
+  EXPECT_NE(cuda_ptx(cuda_program(test::bias_gelu_group(DType::F32, 64, 768), "k").module, "k", "sm_80")
+                .find(".target sm_80"),
             std::string::npos);
+}
+
+TEST(CudaCodegen, RowsAndColumnsLowerToShufflesBarriersAndTwoPasses) {
+  if (libdevice_path().empty()) GTEST_SKIP() << "no CUDA toolkit here (libdevice.10.bc)";
+  const CudaProgram ln = cuda_program(test::layer_norm_group(DType::BF16, 128, 768), "ln");
+  ASSERT_EQ(ln.launches.size(), 1u);
+  EXPECT_EQ(ln.launches[0].grid[0], 128u);  // a block per row
+  EXPECT_EQ(ln.launches[0].block[0], 96u);  // 768 / 8 lanes
+  const std::string ptx = cuda_ptx(ln.module, "ln");
+  EXPECT_EQ(count(ptx, "shfl.sync.bfly"), 10u) << ptx;  // two reductions, five steps each
+  EXPECT_GE(count(ptx, "bar.sync"), 4u) << ptx;
+  EXPECT_GT(count(ptx, "ld.global.v4.b32"), 0u) << ptx;
+  const CudaProgram bg = cuda_program(test::bias_grad_group(DType::F32, {4, 32, 768}), "bg");
+  ASSERT_EQ(bg.launches.size(), 2u);
+  EXPECT_EQ(bg.launches[0].kernel, "bg_0_p1");
+  EXPECT_EQ(bg.launches[1].kernel, "bg_0_p2");
+  ASSERT_EQ(bg.scratch_f32.size(), 1u);
+  EXPECT_EQ(bg.scratch_f32[0], static_cast<int64_t>(bg.launches[0].grid[1]) * 768);
+  const std::string cptx = cuda_ptx(bg.module, "bg");
+  EXPECT_EQ(count(cptx, ".entry bg_0_p1"), 1u);
+  EXPECT_EQ(count(cptx, ".entry bg_0_p2"), 1u);
+  // Column sums read 16 bytes per thread and row too: 8 bf16 columns.
+  const std::string bptx =
+      cuda_ptx(cuda_program(test::bias_grad_group(DType::BF16, {4, 32, 768}), "bb").module, "bb");
+  EXPECT_EQ(count(bptx, "ld.global.v4.b32"), 1u) << bptx;
+  EXPECT_EQ(count(bptx, "ld.global.u16") + count(bptx, "ld.global.b16"), 0u) << bptx;
+  (void)cuda_ptx(cuda_program(test::layer_norm_backward_group(DType::F32, {4, 32, 768}), "lnb").module,
+                 "lnb");
+  (void)cuda_ptx(cuda_program(test::square_norm_group(512, 128), "sq").module, "sq");
+  const CudaProgram st = cuda_program(test::row_then_column_group(DType::BF16, {4, 32, 64}), "st");
+  ASSERT_EQ(st.launches.size(), 3u);  // rows, then the two column passes
+  EXPECT_NE(st.module.find("%staged0: memref<8192xbf16>"), std::string::npos) << st.module;
+  (void)cuda_ptx(st.module, "st");
 }
 
 TEST(CudaCodegen, BrokenModulesAreNamedErrors) {

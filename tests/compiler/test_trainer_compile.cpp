@@ -89,6 +89,43 @@ TEST_F(TrainerCompile, ThePrimitiveOpModelGivesItsEagerLossesAndFusesMore) {
   }
 }
 
+TEST_F(TrainerCompile, SelectiveRecomputeRebuildsSavedValuesInsideBackwardGroups) {
+  // Note [Saved values recomputed]: under train.recompute selective, the
+  // primitive model's saved intermediates (LayerNorm's centered and normalized
+  // values, GELU's formula) are rebuilt in backward instead of written by the
+  // forward: the same losses bit for bit, fewer values written. In bf16 the
+  // casts are recorded too (the parameters' and their gradients').
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig off = config(false), kept = config(true), rebuilt = config(true);
+    for (TrainConfig* c : {&off, &kept, &rebuilt}) {
+      c->model.fused_ops = false;
+      c->train.precision = precision;
+      c->train.recompute = "selective";
+    }
+    kept.train.recompute = "none";
+    Trainer eager(off), with_memory(kept), with_recipes(rebuilt);
+    int64_t written[2] = {0, 0};
+    for (int i = 0; i < 6; ++i) {
+      const StepStats a = eager.step();
+      fusion::reset_lazy_stats();
+      const StepStats b = with_memory.step();
+      written[0] += fusion::lazy_stats().outputs_written;
+      fusion::reset_lazy_stats();
+      const StepStats c = with_recipes.step();
+      written[1] += fusion::lazy_stats().outputs_written;
+      EXPECT_EQ(fusion::lazy_stats().eager_fallbacks, 0);
+      SCOPED_TRACE(::testing::Message() << "step " << c.step);
+      EXPECT_EQ(c.loss, b.loss);
+      EXPECT_EQ(c.grad_norm, b.grad_norm);
+      EXPECT_LE(std::abs(c.loss - a.loss),
+                (std::string(precision) == "fp32" ? 1e-6 : 1e-2) * std::abs(a.loss));
+      EXPECT_EQ(c.recompiles, 0);
+    }
+    EXPECT_LT(written[1], written[0]) << "the recipes' values were written anyway";
+  }
+}
+
 TEST_F(TrainerCompile, CheckReportsTheLargestDifference) {
   TrainConfig c = config(true);
   c.compile.check = true;

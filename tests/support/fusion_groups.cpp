@@ -35,6 +35,62 @@ fusion::Group layer_norm_group(DType dt, int64_t rows, int64_t cols) {
   return g;
 }
 
+fusion::Group bias_grad_group(DType dt, const Shape& shape) {
+  fusion::Group g;
+  g.name = "bias_grad";
+  int s = g.input(dt, shape);
+  for (auto d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) s = g.reduce(Op::Sum, s, {d}, true);
+  g.output(s);
+  return g;
+}
+
+fusion::Group square_norm_group(int64_t rows, int64_t cols) {
+  fusion::Group g;
+  g.name = "square_norm";
+  const int a = g.input(DType::F32, {}), b = g.input(DType::F32, {});
+  const int x = g.input(DType::F32, {rows, cols});
+  g.output(g.reduce(Op::Sum, g.reduce(Op::Sum, g.binary(Op::Mul, x, x), {1}, true), {0}, true));
+  g.output(g.binary(Op::Add, a, b));
+  return g;
+}
+
+fusion::Group layer_norm_backward_group(DType dt, const Shape& shape) {
+  fusion::Group g;
+  g.name = "layer_norm_backward";
+  const auto last = static_cast<int64_t>(shape.size()) - 1;
+  Shape row = shape;
+  row.back() = 1;
+  const int dy = g.input(dt, shape), w = g.input(dt, {shape.back()}), xhat = g.input(dt, shape);
+  const int sd = g.input(dt, row);
+  const auto columns = [&](int v) {
+    for (auto d = last - 1; d >= 0; --d) v = g.reduce(Op::Sum, v, {d}, true);
+    return v;
+  };
+  g.output(columns(dy));
+  g.output(columns(g.binary(Op::Mul, dy, xhat)));
+  const int dxhat = g.binary(Op::Mul, dy, w);
+  g.output(g.binary(Op::Div, dxhat, sd));
+  const int s = g.reduce(Op::Sum, g.unary(Op::Neg, g.binary(Op::Div, g.binary(Op::Mul, dxhat, xhat), sd)),
+                         {last}, true);
+  g.output(g.binary(Op::Div, s, g.binary(Op::Mul, sd, g.scalar(2.0, dt))));
+  return g;
+}
+
+fusion::Group row_then_column_group(DType dt, const Shape& shape) {
+  fusion::Group g;
+  g.name = "row_then_column";
+  const auto last = static_cast<int64_t>(shape.size()) - 1;
+  const int x = g.input(dt, shape);
+  const int s = g.reduce(Op::Sum, g.unary(Op::Neg, x), {last}, true);
+  const int y = g.binary(
+      Op::Add, x, g.binary(Op::Mul, s, g.scalar(1.0 / static_cast<double>(shape.back()), DType::F32), shape));
+  g.output(y);
+  int c = y;
+  for (auto d = last - 1; d >= 0; --d) c = g.reduce(Op::Sum, c, {d}, true);
+  g.output(c);
+  return g;
+}
+
 Tensor uniform_cpu(const Shape& s, DType dt, std::mt19937& gen, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   Tensor t = empty(s, TensorOptions{DType::F32});

@@ -99,6 +99,29 @@ TEST(FusionGroup, RunEagerIsTheEagerOps) {
   EXPECT_EQ(out[1].to_vector<double>(), sum(xv, {1}, true).to(DType::F64).to_vector<double>());
 }
 
+TEST(FusionGroup, ABinaryNodeMayBroadcastItsResultFurther) {
+  // A reduction's backward: the row gradient times a scale, expanded over the row.
+  Group g;
+  g.name = "expand";
+  const int r = g.input(DType::F32, {3, 1});
+  g.output(g.binary(Op::Mul, r, g.scalar(0.25, DType::F32), {2, 3, 4}));
+  g.validate();
+  EXPECT_EQ(g.nodes[2].shape, (Shape{2, 3, 4}));
+  const Tensor x = from_vector<float>({1, 2, 3}, {3, 1});
+  const Tensor y = fusion::run_eager(g, {x})[0];
+  ASSERT_EQ(y.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(y.data<float>()[0], 0.25f);
+  EXPECT_EQ(y.data<float>()[23], 0.75f);
+  Group bad;
+  bad.name = "bad";
+  const int b = bad.input(DType::F32, {3, 2});
+  const std::string msg = test::error_message([&] {
+    (void)bad.binary(Op::Mul, b, bad.scalar(1.0, DType::F32), {3, 4});
+  });
+  EXPECT_NE(msg.find("which its arguments' broadcast shape [3, 2] does not broadcast to"), std::string::npos)
+      << msg;
+}
+
 TEST(FusionGroup, CheckTensorsNamesWhatIsWrong) {
   const Group g = bias_gelu(DType::F32, 2, 3);
   const Tensor x = zeros({2, 3}), b = zeros({3}), out = empty({2, 3});
