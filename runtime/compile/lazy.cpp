@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "runtime/autograd/grad_mode.h"
@@ -220,7 +221,25 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
   Group g;
   std::vector<int> node_of(n, -1);
   std::vector<Tensor> inputs;
-  std::map<const TensorImpl*, int> input_of;
+  // Inputs by what they read, and computed nodes by what they compute: the
+  // same value recorded twice -- the recipes of Note [Saved values recomputed]
+  // rebuild shared intermediates once per saved value, each over its own
+  // handle of the same storage -- is read and computed once.
+  std::map<std::tuple<const Storage*, int64_t, Shape, std::vector<int64_t>, DType>, int> input_of;
+  std::unordered_map<std::string, int> computed_as;
+  std::vector<char> is_output;
+  const auto key_of = [&](int id) {
+    const Node& nd = g.nodes[static_cast<size_t>(id)];
+    std::string k = cat(op_name(nd.op), " ", dtype_name(nd.dtype), " ", shape_str(nd.shape), " ", nd.keepdim);
+    for (int64_t d : nd.dims) k += cat(" d", d);
+    for (int a : nd.args) {
+      const Node& an = g.nodes[static_cast<size_t>(a)];
+      char v[40];
+      std::snprintf(v, sizeof v, " s%a", an.value);
+      k += an.op == Op::Scalar ? cat(v, dtype_name(an.dtype)) : cat(" %", a);
+    }
+    return k;
+  };
   std::vector<int> outputs_idx;
   int64_t fused = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -233,13 +252,16 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
         continue;
       }
       const Tensor& t = x.inputs[k];
-      auto it = input_of.find(t.impl());
+      const auto key =
+          std::make_tuple(t.impl()->storage.get(), t.offset(), t.shape(), t.strides(), t.dtype());
+      auto it = input_of.find(key);
       if (it == input_of.end()) {
-        it = input_of.emplace(t.impl(), g.input(t.dtype(), t.shape())).first;
+        it = input_of.emplace(key, g.input(t.dtype(), t.shape())).first;
         inputs.push_back(t);
       }
       a.push_back(it->second);
     }
+    const size_t before = g.nodes.size();
     int id;
     if (x.scalar_arg) {
       id = g.binary(x.op, a[0], g.scalar(x.value, x.scalar_dtype), x.shape);
@@ -255,10 +277,20 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
     } else {
       id = g.binary(x.op, a[0], a[1]);
     }
+    is_output.resize(g.nodes.size(), 0);
+    const std::string key = key_of(id);
+    if (auto seen = computed_as.find(key);
+        seen != computed_as.end() && !(out_storage[i] && is_output[static_cast<size_t>(seen->second)])) {
+      g.nodes.resize(before);  // computed already (an output is written once: a second output keeps its node)
+      id = seen->second;
+    } else {
+      computed_as.emplace(key, id);
+    }
     node_of[i] = id;
     ++fused;
     if (out_storage[i]) {
       g.output(id);
+      is_output[static_cast<size_t>(id)] = 1;
       outputs_idx.push_back(static_cast<int>(i));
     }
   }
