@@ -134,6 +134,8 @@ def main():
     ap.add_argument("--golden", help="after a passing run, write the reference losses here (JSON)")
     ap.add_argument("--python", default=sys.executable, help="Python that runs gpt2_ref.py (with torch)")
     ap.add_argument("--compare-only", action="store_true", help="skip both runs; compare what --out holds")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further BluTrain config override (repeatable), e.g. train.compile=true")
     args = ap.parse_args()
 
     out = os.path.abspath(args.out)
@@ -153,6 +155,8 @@ def main():
         bt_cmd += ["--set", f"train.micro_batch={args.micro_batch}"]
     if args.batch_size is not None:
         bt_cmd += ["--set", f"train.batch_size={args.batch_size}"]
+    for kv in args.set:
+        bt_cmd += ["--set", kv]
     bt_cmd += ["--set", "train.eval_every=0", "--set", "train.sample_tokens=0",
                "--save-init", P["w0"], "--save-weights", P["bt_final"], "--metrics", P["bt_metrics"],
                "--resolved-config", P["cfg"]]
