@@ -1,5 +1,5 @@
-// Lazy fusion: inside a LazyScope, the fusible ops (elementwise, sums along
-// a dim) do not compute; they return pending tensors, and the first
+// Lazy fusion: inside a LazyScope, the fusible ops (elementwise, casts
+// between float types, sums along a dim) do not compute; they return pending tensors, and the first
 // read of any pending value -- by an op that is not fusible (a GEMM,
 // attention, cross-entropy, a collective), a copy, item() -- computes all of
 // them as fusion groups through the installed fusion backend
@@ -27,6 +27,8 @@
 // What is not fused: ops on devices the backend does not compile for, ops
 // with a zero-size tensor, and a view of a pending tensor other than the
 // tensor itself (it is computed first). Flushes run with recording off.
+// Under selective recompute, saved values are rebuilt inside backward groups
+// instead of written by the forward's (Note [Saved values recomputed], lazy.cpp).
 #pragma once
 
 #include <cstdint>
