@@ -216,8 +216,9 @@ class FuncEmitter {
       stack.pop_back();
       if (seen[static_cast<size_t>(x)]) continue;
       seen[static_cast<size_t>(x)] = true;
-      if (kp_.level[static_cast<size_t>(x)] == Level::Uniform) {
-        found.push_back(x);
+      const Level l = kp_.level[static_cast<size_t>(x)];
+      if (l == Level::Uniform || (l == Level::Const && g_.nodes[static_cast<size_t>(x)].op != Op::Scalar)) {
+        found.push_back(x);  // a value computed from constants alone is hoisted too
         continue;
       }
       if (kp_.level[static_cast<size_t>(x)] == Level::Full && !leaf(x))
@@ -443,6 +444,7 @@ class ProgramBuilder {
     const std::string i = f.op("arith.addi", f.op("arith.muli", bid, f.index(kPointwiseBlock)), tid);
     const std::string live = f.fresh();
     f.line(live + " = arith.cmpi ult, " + i + ", " + f.index(nv) + " : index");
+    for (int pos : kp.outputs) f.hoist_uniforms(output_node(pos), i);  // values of constants alone
     f.open("scf.if " + live + " {");
     const std::string e = v == 1 ? i : f.op("arith.muli", i, f.index(v));
     std::map<int, std::string> memo;

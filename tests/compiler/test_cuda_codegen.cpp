@@ -84,6 +84,12 @@ TEST(CudaTemplate, PointwiseKernelsMoveSixteenBytesPerAccess) {
       << p.module;
   EXPECT_EQ(p.launches[0].grid[0], 48u);  // 12288 vectors / 256 threads
   EXPECT_EQ(p.launches[0].block[0], 256u);
+  Group folded;  // a value of constants alone is computed once, before the element's work
+  folded.name = "folded";
+  const int x = folded.input(DType::F32, {64, 16});
+  folded.output(folded.binary(
+      Op::Add, x, folded.binary(Op::Mul, folded.scalar(2.0, DType::F32), folded.scalar(3.0, DType::F32))));
+  (void)cuda_ptx(cuda_program(folded, "f").module, "f");
   const CudaProgram b = cuda_program(test::bias_gelu_group(DType::BF16, 64, 768), "k");
   EXPECT_NE(b.module.find("%in1: memref<96xvector<8xbf16>>"), std::string::npos) << b.module;
   EXPECT_NE(b.module.find("arith.truncf"), std::string::npos);  // each bf16 node rounds
