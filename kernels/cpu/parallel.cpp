@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/common/env.h"
 #include "kernels/common/error.h"
 
 namespace bt::kernels::cpu {
@@ -41,14 +42,8 @@ int usable_cpus() {
 }
 
 int default_num_threads() {
-  if (const char* env = std::getenv("BT_NUM_THREADS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    BT_CHECK(end != nullptr && *end == '\0' && v >= 1 && v <= 1024, "BT_NUM_THREADS='", env,
-             "' is not a thread count in [1, 1024]; unset it to use every core");
-    return static_cast<int>(v);
-  }
-  return usable_cpus();
+  return static_cast<int>(
+      env_int("BT_NUM_THREADS", usable_cpus(), 1, 1024, "the CPU threads; unset it to use every core"));
 }
 
 /// One parallel loop in flight. Lives on the stack of the thread that called

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/common/env.h"
 #include "kernels/common/tf32.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm/gemm_internal.cuh"
@@ -46,17 +47,9 @@ constexpr size_t kX3ScratchMiB = 512;
 /// kX3ScratchMiB in floats, or BT_X3_SCRATCH_MIB (read once; 16 to 65536) to
 /// measure what the cap trades: fewer pieces against peak memory.
 size_t x3_scratch_floats() {
-  static const size_t floats = [] {
-    size_t mib = kX3ScratchMiB;
-    if (const char* v = std::getenv("BT_X3_SCRATCH_MIB")) {
-      char* end = nullptr;
-      const long x = std::strtol(v, &end, 10);
-      BT_CHECK(end != v && *end == '\0' && x >= 16 && x <= 65536, "BT_X3_SCRATCH_MIB='", v,
-               "': give the fp32x3 GEMM scratch cap in MiB, 16 to 65536");
-      mib = static_cast<size_t>(x);
-    }
-    return (mib << 20) / sizeof(float);
-  }();
+  static const size_t floats =
+      (static_cast<size_t>(env_int("BT_X3_SCRATCH_MIB", kX3ScratchMiB, 16, 65536,
+                                   "the fp32x3 GEMM scratch cap in MiB")) << 20) / sizeof(float);
   return floats;
 }
 constexpr int64_t kX3Align = 64;  // floats: B's copies start 256 bytes aligned

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/common/env.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 #include "runtime/autograd/engine.h"
@@ -71,15 +72,8 @@ int64_t lm_head_chunk_rows(int64_t vp, DType dt, kernels::GemmMath math) {
   // f32 logits at 16K rows) costs nothing in tf32 and bf16, 512 MiB costs
   // 1-2%; under 3xTF32, whose GEMMs split their operands in pieces of their
   // own, 512 MiB costs nothing and 1-2 GiB 8-12%.
-  static const int64_t env = [] {
-    const char* v = std::getenv("BT_HEAD_CHUNK_MIB");
-    if (!v) return int64_t{-1};
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    BT_CHECK(end != v && *end == '\0' && x >= 0 && x <= 1 << 20, "BT_HEAD_CHUNK_MIB='", v,
-             "': give the LM head's logits per chunk in MiB (0: no chunks)");
-    return static_cast<int64_t>(x);
-  }();
+  static const int64_t env =
+      env_int("BT_HEAD_CHUNK_MIB", -1, 0, 1 << 20, "the LM head's logits per chunk in MiB (0: no chunks)");
   const int64_t mib = env >= 0 ? env : math == kernels::GemmMath::Tf32x3 ? 512 : 2048;
   if (mib == 0) return 0;
   const int64_t rows = (mib << 20) / std::max<int64_t>(vp * static_cast<int64_t>(dtype_size(dt)), 1);
