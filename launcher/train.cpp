@@ -198,9 +198,13 @@ int run_train(int argc, char** argv) {
     metrics.write(s, val);
     const train::CheckpointOptions& ck = cfg.checkpoint;
     if (checkpointer) {
-      beat.beat(fmt::format("after step {}: checkpoint and stop-request checks", s.step));
+      beat.beat(fmt::format("after step {}: stop-request check", s.step));
       std::string line = checkpointer->poll();
       const bool stop = stop_agreed(w);
+      // A second beat once the ranks agreed: a stop request from now on is the
+      // next step's, which the supervision tests rely on (they signal a rank
+      // when they read this line).
+      beat.beat(fmt::format("after step {}: checkpoint", s.step));
       if ((ck.every > 0 && s.step % ck.every == 0) || s.step == last_step || stop)
         line += (line.empty() ? "" : "\n") + checkpointer->save();
       if (!line.empty()) progress.print(line);
