@@ -5,6 +5,7 @@
 
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/autograd/meta.h"
+#include "runtime/compile/lazy.h"
 #include "runtime/core/profiler.h"
 #include "runtime/ops/elementwise.h"
 
@@ -53,7 +54,13 @@ void accumulate(std::vector<Tensor>& buf, uint32_t slot, Tensor g) {
     return;
   }
   const DType dt = wider(acc.dtype(), g.dtype());  // Note [Gradients in a wider dtype]
-  if (dt == acc.dtype() && g.shape() == acc.shape() && sole_owner(acc, acc.shape()))
+  // Under lazy fusion the sum is recorded like any add and joins the group
+  // that reads it; add_ would compute both gradients first and end the group
+  // (a tensor used k times would cost k - 1 eager passes, and cut its
+  // backward into k groups). A pending sum gets no memory of its own unless
+  // something keeps it.
+  if (dt == acc.dtype() && g.shape() == acc.shape() && !fusion::lazy_recording(acc.device()) &&
+      sole_owner(acc, acc.shape()))
     acc.add_(g);  // nobody else sees acc's buffer (Note [Stealing the gradient]): add into it
   else
     acc = add(acc.to(dt), g.to(dt));
