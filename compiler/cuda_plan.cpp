@@ -34,7 +34,11 @@ namespace bt::compiler {
 // reductions of two kinds (a column sum of a value a row reduction made, as
 // autograd records LayerNorm's backward): there the group's other outputs
 // that carry the first kind are read back from memory ("staged"), and the
-// kernels that write them run first.
+// kernels that write them run first. A columns kernel also reads back a
+// full-size output another kernel writes when recomputing it would read at
+// least as many bytes an element (a bias gradient summed from GELU's backward
+// reads dh, not h and dg, and runs no tanh); a value only widened from its
+// inputs (a bf16 -> f32 cast) is still recomputed.
 // Results are deterministic: fixed block shapes, fixed reduction orders, no
 // atomics. They are not the eager kernels' bits (the order of a sum and FMA
 // contraction differ); tests hold them to tolerances.
@@ -279,6 +283,48 @@ std::string plan_cuda(const Group& g, CudaPlan* plan) {
       }
     for (int& k : kernel_of_output) k = renumber[static_cast<size_t>(k)];
     plan->kernels = std::move(kept);
+  }
+  // A columns kernel reads back a full-size value another kernel writes
+  // rather than recompute it, where that reads no more bytes (Note [CUDA
+  // kernel plans]). Nodes go in order, so a staged value's own staged inputs
+  // fall out of the cone and are unmarked below.
+  {
+    const size_t n = g.nodes.size();
+    std::vector<int> writer(n, -1);
+    for (size_t pos = 0; pos < g.outputs.size(); ++pos)
+      writer[static_cast<size_t>(g.outputs[pos])] = kernel_of_output[pos];
+    for (size_t k = 0; k < plan->kernels.size(); ++k) {
+      KernelPlan& ck = plan->kernels[k];
+      if (ck.pattern != Pattern::Columns) continue;
+      const int64_t full = shape_numel(ck.space);
+      bool changed = false;
+      for (size_t v = 0; v < n; ++v) {
+        const Node& nd = g.nodes[v];
+        if (!ck.used[v] || ck.staged[v] || writer[v] < 0 || writer[v] == static_cast<int>(k) ||
+            shape_numel(nd.shape) != full)
+          continue;
+        std::vector<bool> seen;
+        std::vector<int> reds;
+        cone(static_cast<int>(v), ck.staged, &seen, &reds);
+        int64_t recompute_bytes = 0;  // per element: the full-size leaves recomputing v reads
+        for (size_t u = 0; u < n; ++u)
+          if (seen[u] && u != v && (g.nodes[u].op == Op::Input || ck.staged[u]) &&
+              shape_numel(g.nodes[u].shape) == full)
+            recompute_bytes += static_cast<int64_t>(dtype_size(g.nodes[u].dtype));
+        if (static_cast<int64_t>(dtype_size(nd.dtype)) > recompute_bytes) continue;
+        ck.staged[v] = true;
+        changed = true;
+      }
+      if (!changed) continue;
+      std::fill(ck.used.begin(), ck.used.end(), false);
+      for (int pos : ck.outputs) {
+        std::vector<bool> seen;
+        std::vector<int> reds;
+        cone(g.outputs[static_cast<size_t>(pos)], ck.staged, &seen, &reds);
+        for (size_t v = 0; v < n; ++v) ck.used[v] = ck.used[v] || seen[v];
+      }
+      for (size_t v = 0; v < n; ++v) ck.staged[v] = ck.staged[v] && ck.used[v];
+    }
   }
   // Kernels that read staged outputs run after the kernels that write them.
   {

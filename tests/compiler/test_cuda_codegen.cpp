@@ -52,6 +52,31 @@ TEST(CudaPlan, SortsOutputsIntoPointwiseRowAndColumnKernels) {
             "columns[4, 32, 768]/2 out 0 1 + rows[4, 32, 768]/2 out 2 3");
 }
 
+TEST(CudaPlan, AColumnSumReadsBackAValueItWouldRecomputeFromMoreBytes) {
+  // GELU's backward reads h and dg (4 bytes an element in bf16) and writes dh
+  // (2): the bias gradient's columns kernel reads dh back after the pointwise
+  // kernel, and neither h, dg nor the tanh is in its cone.
+  const Group g = test::gelu_backward_group(DType::BF16, 64, 768);
+  EXPECT_EQ(plan_of(g), "pointwise[64, 768]/0 out 0 + columns[64, 768]/1 out 1");
+  CudaPlan p;
+  ASSERT_EQ(plan_cuda(g, &p), "");
+  const KernelPlan& cols = p.kernels[1];
+  EXPECT_TRUE(cols.staged[static_cast<size_t>(g.outputs[0])]);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const bool recomputed = g.nodes[i].op == Op::Input || g.nodes[i].op == Op::Tanh;
+    EXPECT_FALSE(recomputed && cols.used[i]) << "node " << i;
+  }
+  // A widening cast reads 2 bytes to recompute what staging would read 4 of: recomputed.
+  Group wide;
+  wide.name = "wide";
+  const int y = wide.cast(wide.unary(Op::Neg, wide.input(DType::BF16, {64, 768})), DType::F32);
+  wide.output(y);
+  wide.output(wide.reduce(Op::Sum, y, {0}, true));
+  ASSERT_EQ(plan_cuda(wide, &p), "");
+  ASSERT_EQ(p.kernels.size(), 2u);
+  for (const KernelPlan& k : p.kernels) EXPECT_FALSE(k.staged[static_cast<size_t>(y)]);
+}
+
 TEST(CudaPlan, SaysWhyAGroupHasNoPlan) {
   Group mid;
   mid.name = "mid";

@@ -2,7 +2,8 @@
 // training step has -- elementwise chains with broadcasting, LayerNorm from
 // primitives (rows), softmax (max and sum rows), bias gradients and squared
 // norms (columns, whole-tensor sums), LayerNorm's backward (all three
-// patterns in one group), casts -- compiled to PTX, loaded and launched by
+// patterns in one group), GELU's backward with its bias gradient (a column
+// sum reading a pointwise kernel's output back), casts -- compiled to PTX, loaded and launched by
 // the runtime, against the same group through the eager CUDA ops on random
 // inputs: f32 within 1e-5 relative, bf16 within 1e-2 (the order of a sum and
 // FMA contraction differ from the eager kernels; one bf16 rounding step then
@@ -138,6 +139,16 @@ TEST_F(CudaKernels, AColumnSumOfARowKernelsOutputReadsItBack) {
     const Group g = test::row_then_column_group(dt, {16, 1024, 768});
     expect_matches_eager(g, random_inputs(g, gen_));
   }
+}
+
+TEST_F(CudaKernels, AColumnSumReadsBackAPointwiseKernelsOutput) {
+  // The bias gradient of GELU's backward reads dh back (Note [CUDA kernel plans]).
+  for (DType dt : {DType::F32, DType::BF16})
+    for (auto [r, c] : {std::pair<int64_t, int64_t>{16384, 3072}, {333, 72}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " " << r << "x" << c);
+      const Group g = test::gelu_backward_group(dt, r, c);
+      expect_matches_eager(g, random_inputs(g, gen_));
+    }
 }
 
 TEST_F(CudaKernels, StridedAndMisalignedInputsAreCopiedFirst) {

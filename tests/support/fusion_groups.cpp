@@ -91,6 +91,28 @@ fusion::Group row_then_column_group(DType dt, const Shape& shape) {
   return g;
 }
 
+fusion::Group gelu_backward_group(DType dt, int64_t rows, int64_t cols) {
+  fusion::Group g;
+  g.name = "gelu_backward";
+  const int h = g.input(dt, {rows, cols}), dg = g.input(dt, {rows, cols});
+  const auto c = [&](double v) { return g.scalar(v, dt); };
+  // gelu(h) = 0.5 h (1 + t), t = tanh(k (h + a h^3)); gelu' = 0.5 (1 + t) + 0.5 h (1 - t^2) k (1 + 3a h^2)
+  const double k = 0.7978845608028654, a = 0.044715;
+  const int h2 = g.binary(Op::Mul, h, h);
+  const int t = g.unary(
+      Op::Tanh,
+      g.binary(Op::Mul, g.binary(Op::Add, h, g.binary(Op::Mul, c(a), g.binary(Op::Mul, h2, h))), c(k)));
+  const int left = g.binary(Op::Mul, c(0.5), g.binary(Op::Add, c(1.0), t));
+  const int dt_dh =
+      g.binary(Op::Mul, g.binary(Op::Sub, c(1.0), g.binary(Op::Mul, t, t)),
+               g.binary(Op::Mul, c(k), g.binary(Op::Add, c(1.0), g.binary(Op::Mul, c(3 * a), h2))));
+  const int right = g.binary(Op::Mul, g.binary(Op::Mul, c(0.5), h), dt_dh);
+  const int dh = g.binary(Op::Mul, dg, g.binary(Op::Add, left, right));
+  g.output(dh);
+  g.output(g.reduce(Op::Sum, dh, {0}, true));
+  return g;
+}
+
 Tensor uniform_cpu(const Shape& s, DType dt, std::mt19937& gen, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   Tensor t = empty(s, TensorOptions{DType::F32});

@@ -36,6 +36,11 @@ fusion::Group layer_norm_backward_group(DType dt, const Shape& shape);
 /// records a LayerNorm input's and bias's gradients. Outputs the full value, then its column sums.
 fusion::Group row_then_column_group(DType dt, const Shape& shape);
 
+/// The tanh-GELU's backward as autograd records it for gelu(h) (h [rows,
+/// cols], inputs h then dg): dh = dg * gelu'(h), then dh's column sums (the
+/// bias gradient of the GEMM that made h). Outputs dh, then the sums.
+fusion::Group gelu_backward_group(DType dt, int64_t rows, int64_t cols);
+
 /// A CPU tensor of `dt` drawn uniformly from [lo, hi) (in f32, then converted).
 Tensor uniform_cpu(const Shape& s, DType dt, std::mt19937& gen, float lo = -2.0f, float hi = 2.0f);
 
