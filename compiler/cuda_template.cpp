@@ -19,6 +19,12 @@ namespace bt::compiler {
 //   - every value is computed in f32; a bf16 node rounds once (truncf then
 //     extf, cvt.rn.bf16.f32), as the eager ops do; constants are f32 bit
 //     patterns of the node's rounded value;
+//   - a bf16 tanh is the hardware's tanh.approx.f32 (one MUFU op; largest
+//     relative error 2^-10.99), not libdevice's tanhf (22 PTX instructions
+//     an element, which made a bf16 bias+GELU compute-bound at 0.65x of copy
+//     bandwidth on an H200). Rounded to bf16 (8 bits) right after, it differs
+//     from the eager op by one bf16 unit where tanhf's value lies within that
+//     error of a rounding midpoint; an f32 tanh stays tanhf;
 //   - pointwise and rows kernels move V elements per access: V = 8 when the
 //     kernel touches bf16, else 4 (16 bytes of the narrowest type), halved
 //     until it divides the innermost dim. An operand that varies along the
@@ -267,9 +273,29 @@ class FuncEmitter {
   /// An elementwise node or cast from its arguments' f32 values, rounded to its dtype.
   std::string compute(const Node& nd, const std::vector<std::string>& a, const std::string& type, int w) {
     if (nd.op == Op::Cast) return round(a.at(0), nd.dtype, w);
+    if (nd.op == Op::Tanh && nd.dtype == DType::BF16) return round(tanh_approx(a.at(0), w), nd.dtype, w);
     const std::string r = fresh();
     line(elementwise_op(nd.op, r, a, type));
     return round(r, nd.dtype, w);
+  }
+
+  /// tanh.approx.f32 on each of `w` lanes (Note [CUDA templates]: a bf16 tanh).
+  std::string tanh_approx(const std::string& x, int w) {
+    const auto one = [&](const std::string& v) {
+      const std::string r = fresh();
+      line(r + " = llvm.inline_asm \"tanh.approx.f32 $0, $1;\", \"=f,f\" " + v + " : (f32) -> f32");
+      return r;
+    };
+    if (w == 1) return one(x);
+    std::string acc = x;
+    for (int i = 0; i < w; ++i) {
+      const std::string e = fresh(), next = fresh();
+      line(e + " = vector.extract " + x + "[" + std::to_string(i) + "] : f32 from " + vec(w, "f32"));
+      line(next + " = vector.insert " + one(e) + ", " + acc + " [" + std::to_string(i) + "] : f32 into " +
+           vec(w, "f32"));
+      acc = next;
+    }
+    return acc;
   }
 
   // ---- reductions

@@ -136,6 +136,8 @@ TEST(CudaCodegen, PointwiseLowersToPtxWithVectorAccessesOnly) {
   EXPECT_EQ(count(bf, "st.global.v4.b32"), 1u) << bf;
   EXPECT_EQ(count(bf, "ld.global.u16") + count(bf, "ld.global.b16"), 0u) << bf;
   EXPECT_GT(count(bf, "cvt.rn.bf16.f32"), 0u) << bf;
+  EXPECT_EQ(count(bf, "tanh.approx.f32"), 8u) << bf;    // a bf16 tanh: one instruction a lane
+  EXPECT_EQ(count(ptx, "tanh.approx.f32"), 0u) << ptx;  // an f32 tanh: libdevice's tanhf
   EXPECT_NE(cuda_ptx(cuda_program(test::bias_gelu_group(DType::F32, 64, 768), "k").module, "k", "sm_80")
                 .find(".target sm_80"),
             std::string::npos);

@@ -9,9 +9,12 @@
 // FMA contraction differ from the eager kernels; one bf16 rounding step then
 // flips). Odd sizes (no 16-byte vectors), strided and misaligned inputs, the
 // kernel cache on CUDA, and training with train.compile on the GPU.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -180,36 +183,49 @@ TEST(CudaTrainCompile, GivesTheEagerLossesOnTheGpu) {
   fusion::reset_lazy_stats();
   test::TempDir dir("bt_cuda_train_compile");
   const std::string glob = test::write_token_shards(dir.path().string(), "train", 2, 3000, 64, 1);
-  for (bool fused : {true, false}) {
-    SCOPED_TRACE(fused ? "hand-fused model" : "primitive-op model");
-    const auto config = [&](bool compile) {
-      train::TrainConfig c;
-      c.model.n_layer = 2;
-      c.model.n_head = 2;
-      c.model.n_embd = 64;
-      c.model.seq_len = 32;
-      c.model.vocab_size = 64;
-      c.model.fused_ops = fused;
-      c.data.train = glob;
-      c.train.device = "cuda";
-      c.train.steps = 12;
-      c.train.batch_size = 8;
-      c.train.micro_batch = 4;
-      c.train.lr = 3e-3;
-      c.train.warmup_steps = 3;
-      c.train.compile = compile;
-      return c;
-    };
-    train::Trainer eager(config(false)), compiled(config(true));
-    for (int i = 0; i < 12; ++i) {
-      const train::StepStats a = eager.step(), b = compiled.step();
-      SCOPED_TRACE(::testing::Message() << "step " << b.step);
-      EXPECT_LE(std::abs(b.loss - a.loss), 1e-5 * std::abs(a.loss));
-      EXPECT_LE(std::abs(b.grad_norm - a.grad_norm), 1e-4 * std::abs(a.grad_norm));
-      EXPECT_TRUE(b.compiled);
-      EXPECT_EQ(b.recompiles, 0);
+  // bf16: the compiled groups round as the eager ops do, but sum in another
+  // order and take tanh from tanh.approx.f32 (Note [CUDA templates]), so a
+  // bf16 value flips by a unit now and then; the losses drift apart slowly
+  // (1.6e-4 and 1.5e-3 at most for the primitive model on an H200).
+  for (auto [precision, loss_tol, norm_tol] :
+       {std::tuple<const char*, double, double>{"fp32", 1e-5, 1e-4}, {"bf16", 2e-3, 2e-2}})
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE(::testing::Message()
+                   << precision << (fused ? ", hand-fused model" : ", primitive-op model"));
+      const auto config = [&](bool compile) {
+        train::TrainConfig c;
+        c.model.n_layer = 2;
+        c.model.n_head = 2;
+        c.model.n_embd = 64;
+        c.model.seq_len = 32;
+        c.model.vocab_size = 64;
+        c.model.fused_ops = fused;
+        c.data.train = glob;
+        c.train.device = "cuda";
+        c.train.steps = 12;
+        c.train.batch_size = 8;
+        c.train.micro_batch = 4;
+        c.train.lr = 3e-3;
+        c.train.warmup_steps = 3;
+        c.train.compile = compile;
+        c.train.precision = precision;
+        return c;
+      };
+      train::Trainer eager(config(false)), compiled(config(true));
+      double worst_loss = 0.0, worst_norm = 0.0;
+      for (int i = 0; i < 12; ++i) {
+        const train::StepStats a = eager.step(), b = compiled.step();
+        SCOPED_TRACE(::testing::Message() << "step " << b.step);
+        worst_loss = std::max(worst_loss, std::abs(b.loss - a.loss) / std::abs(a.loss));
+        worst_norm = std::max(worst_norm, std::abs(b.grad_norm - a.grad_norm) / std::abs(a.grad_norm));
+        EXPECT_LE(std::abs(b.loss - a.loss), loss_tol * std::abs(a.loss));
+        EXPECT_LE(std::abs(b.grad_norm - a.grad_norm), norm_tol * std::abs(a.grad_norm));
+        EXPECT_TRUE(b.compiled);
+        EXPECT_EQ(b.recompiles, 0);
+      }
+      std::printf("%s %s: largest relative difference, loss %.2e, gradient norm %.2e\n", precision,
+                  fused ? "hand-fused" : "primitive", worst_loss, worst_norm);
     }
-  }
   EXPECT_EQ(fusion::lazy_stats().eager_fallbacks, 0) << "every group of the step has a CUDA template";
   fusion::set_backend(nullptr);
 }
