@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/cuda_check.h"
+#include "runtime/core/cuda_graph.h"
 #include "runtime/dist/checks.h"
 #include "runtime/dist/world.h"
 #include "runtime/tensor/factory.h"
@@ -50,7 +51,7 @@ ncclRedOp_t nccl_op(const char* op, DType t, ReduceOp r) {
 }  // namespace
 
 struct NcclProcessGroup::Pending {
-  const char* op = "";
+  std::string op;
   int64_t seq = 0, step = 0;
   cudaEvent_t done_event = nullptr;  // destroyed with the last holder (Work or watchdog)
   std::chrono::steady_clock::time_point deadline;
@@ -73,6 +74,9 @@ class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<NcclProcessGroup::Pending> p, Device device) : p_(std::move(p)), device_(device) {}
   bool done() override {
+    BT_CHECK(!capture_underway(), p_->op,
+             ": Work::done() while a CUDA graph is captured; the collective runs when the graph is "
+             "replayed (Note [Collectives in a CUDA graph])");
     if (p_->done) return true;
     const cudaError_t e = query(p_->done_event);
     if (e == cudaErrorNotReady) return false;
@@ -142,33 +146,45 @@ NcclProcessGroup::~NcclProcessGroup() {
   presence_.reset();
 }
 
-template <class F>
-std::shared_ptr<Work> NcclProcessGroup::run(const char* op, std::initializer_list<Tensor> tensors,
-                                            F&& launch) {
-  DeviceGuard g(device_);
+std::shared_ptr<NcclProcessGroup::Pending> NcclProcessGroup::track(std::string op, cudaStream_t s) {
   auto p = std::make_shared<Pending>();
-  p->op = op;
+  p->op = std::move(op);
   p->step = step_;
   {
     std::lock_guard<std::mutex> lk(mu_);
     p->seq = presence_ ? presence_->announce() : ++seq_;
   }
-  const Stream cur = Stream::current(device_);
-  stream_wait(stream_, cur);  // the inputs are ready
-  for (const Tensor& t : tensors) {
-    Storage& s = *t.impl()->storage;
-    if (s.allocator) s.allocator->record_stream(s.data, stream_);
-  }
-  launch(static_cast<cudaStream_t>(stream_.handle()));
   BT_CUDA_CHECK(cudaEventCreateWithFlags(&p->done_event, cudaEventDisableTiming));
-  BT_CUDA_CHECK(cudaEventRecord(p->done_event, static_cast<cudaStream_t>(stream_.handle())));
+  BT_CUDA_CHECK(cudaEventRecord(p->done_event, s));
+  if (capture_underway()) return p;  // Note [Collectives in a CUDA graph]: the replay is watched
   p->deadline = std::chrono::steady_clock::now() + timeout_;
   {
     std::lock_guard<std::mutex> lk(mu_);
     pending_.push_back(p);
   }
   cv_.notify_all();
-  return std::make_shared<NcclWork>(p, device_);
+  return p;
+}
+
+template <class F>
+std::shared_ptr<Work> NcclProcessGroup::run(const char* op, std::initializer_list<Tensor> tensors,
+                                            F&& launch) {
+  DeviceGuard g(device_);
+  const Stream cur = Stream::current(device_);
+  stream_wait(stream_, cur);  // the inputs are ready
+  for (const Tensor& t : tensors) {
+    Storage& s = *t.impl()->storage;
+    if (s.allocator) s.allocator->record_stream(s.data, stream_);
+  }
+  const auto s = static_cast<cudaStream_t>(stream_.handle());
+  launch(s);
+  return std::make_shared<NcclWork>(track(op, s), device_);
+}
+
+void NcclProcessGroup::watch(const std::string& what) {
+  BT_CHECK(!capture_underway(), "watch(", what, "): called while a CUDA graph is captured");
+  DeviceGuard g(device_);
+  (void)track(what, static_cast<cudaStream_t>(Stream::current(device_).handle()));
 }
 
 void NcclProcessGroup::watchdog() {

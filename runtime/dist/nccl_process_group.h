@@ -14,6 +14,19 @@
 // announced over MPI, as in Note [Who did not arrive]), aborts the NCCL
 // communicator and ends the job (dist::abort_world).
 //
+// Note [Collectives in a CUDA graph]: collectives issued while a CUDA graph
+// is captured (capture_underway(), the Trainer's whole-step graphs) are
+// recorded like kernels: the group's stream joins the capture through the
+// event that orders it after the caller's, and Work::wait() joins it back.
+// Nothing runs then, so the watchdog does not poll them (querying an event a
+// capture recorded is an error) and Work::done() refuses to answer. Each
+// replay of the graph gets one deadline instead: watch() records an event
+// after it, announced like a collective (one announcement a replay, so the
+// ranks that did not arrive are named by replay), and the watchdog keeps it
+// as it keeps a collective's. The caching allocator keeps the memory of
+// collectives freed during the capture out of circulation (Note [Allocation
+// under capture] in runtime/alloc/caching_pool.cpp), so replays own it.
+//
 // Note [NCCL stream priority]: the group's stream has the device's greatest
 // priority, so a collective launched during backward (DDP buckets, ZeRO-3
 // gathers and reduce-scatters) gets SMs ahead of the compute kernels queued
@@ -59,6 +72,8 @@ class NcclProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> all_gather_async(const Tensor& in, const Tensor& out) override;
   std::shared_ptr<Work> broadcast_async(const Tensor& t, int root) override;
   void barrier() override;
+  std::string graph_blocker() const override { return ""; }
+  void watch(const std::string& what) override;
 
  private:
   friend class NcclWork;
@@ -67,6 +82,9 @@ class NcclProcessGroup : public ProcessGroup {
   /// records `tensors` on it, runs `launch`, and returns its Work.
   template <class F>
   std::shared_ptr<Work> run(const char* op, std::initializer_list<Tensor> tensors, F&& launch);
+  /// A Pending for `op`, announced, its end event recorded on `s`, and (unless
+  /// a capture is under way) handed to the watchdog with its deadline.
+  std::shared_ptr<Pending> track(std::string op, cudaStream_t s);
   void watchdog();
   void init(const void* unique_id, Device device);  // after rank_/size_ and the id are known
 

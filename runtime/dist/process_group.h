@@ -71,6 +71,15 @@ class ProcessGroup {
   /// Returns when every rank has called barrier() (or throws CollectiveTimeout).
   virtual void barrier() = 0;
 
+  /// Why this group's collectives cannot be recorded into a CUDA graph, or ""
+  /// when they can (Note [Collectives in a CUDA graph], nccl_process_group.h).
+  virtual std::string graph_blocker() const { return "it runs its collectives on the host"; }
+  /// Puts a deadline on the work queued so far on the caller's current stream,
+  /// the collectives of a replayed CUDA graph among it, which no Work watches:
+  /// past timeout() the job ends with a message naming `what`. A group whose
+  /// collectives block the host (graph_blocker() not empty) does nothing.
+  virtual void watch(const std::string& what) { (void)what; }
+
   void all_reduce(const Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
     reduce_scatter_async(in, out, op)->wait();

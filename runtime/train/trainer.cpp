@@ -54,10 +54,20 @@ namespace bt::train {
 //     on the host stays put between replays: parameters, gradients and
 //     optimizer state keep their buffers; the host-side AdamW count advances
 //     in advance(), outside the graph.
-// Not captured, so steps stay eager: jobs of several ranks (collectives and
-// their hooks are not capture-safe yet), BT_PROFILE (it synchronizes inside
-// the step), the CPU. A capture that fails falls back to eager steps with a
-// notice; the switch and the reason are logged (take_notice()).
+//   - Collectives inside. In a job of several ranks on GPUs the NCCL
+//     collectives of the step (DDP's bucket all-reduces from the gradient
+//     hooks, ZeRO's reduce-scatters and all-gathers, ZeRO-3's gathers of each
+//     unit, the sharded gradient norm) are recorded with it, their stream
+//     forked into the capture and joined back; gradient accumulation only
+//     changes which micro-step's hooks launch them, which is fixed. Each
+//     replay then gets one deadline (ProcessGroup::watch) in place of the
+//     one each collective had (Note [Collectives in a CUDA graph] in
+//     runtime/dist/nccl_process_group.h). The mean loss over ranks stays an
+//     eager all-reduce after the replay.
+// Not captured, so steps stay eager: a process group whose collectives run on
+// the host (graph_blocker()), BT_PROFILE (it synchronizes inside the step),
+// the CPU. A capture that fails falls back to eager steps with a notice; the
+// switch and the reason are logged (take_notice()).
 
 namespace {
 constexpr int64_t kEagerSteps = 2;  // before the capture: the allocator and cuBLASLt are warm after these
@@ -137,9 +147,9 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   report_ = zeros({2}, TensorOptions{DType::F32, device_});
   if (!cuda || !t.cuda_graph)
     graph_off_ = cuda ? "train.cuda_graph is false" : "not a CUDA device";
-  else if (world_ > 1)
-    graph_off_ = cat("a job of ", world_, " ranks (dist.strategy=", cfg_.dist.strategy,
-                     ") does not capture its steps yet");
+  else if (pg_ && !pg_->graph_blocker().empty())
+    graph_off_ = cat("the ", pg_->backend(), " process group of this job of ", world_,
+                     " ranks cannot be captured: ", pg_->graph_blocker());
   else if (profiling_enabled())
     graph_off_ = "BT_PROFILE synchronizes inside the step";
   if (cuda && t.cuda_graph && !graph_off_.empty()) notice_ = "CUDA graphs off: " + graph_off_;
@@ -253,8 +263,12 @@ StepStats Trainer::step() {
   const fusion::LazyStats before = fusion::lazy_stats();
   {
     StreamGuard on(stream_);
-    if (graph_.captured()) {
+    const auto replay = [&] {
       graph_.replay(stream_);
+      if (pg_) pg_->watch("the replay of the step's CUDA graph");  // its collectives' deadline
+    };
+    if (graph_.captured()) {
+      replay();
     } else if (graph_off_.empty() && eager_steps_ >= kEagerSteps) {
       const auto c0 = std::chrono::steady_clock::now();
       try {
@@ -263,7 +277,7 @@ StepStats Trainer::step() {
             "step {}: captured the step as a CUDA graph ({} nodes, {:.0f} ms); replaying it from now on",
             step_ + 1, graph_.nodes(),
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
-        graph_.replay(stream_);
+        replay();
       } catch (const Error& e) {
         graph_off_ = cat("the capture failed: ", e.what());
         notice_ = cat("step ", step_ + 1, ": CUDA graphs off, running eagerly: ", graph_off_);
