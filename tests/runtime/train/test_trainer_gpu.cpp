@@ -14,33 +14,10 @@
 #include "runtime/train/trainer.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
+#include "tests/support/trainer_runs.h"
 
 namespace bt::train {
 namespace {
-
-struct Outcome {
-  std::vector<double> losses, norms;
-  std::vector<float> params;
-  std::vector<bool> replaying;  // after each step: whether the next replays a graph
-  std::string notices;
-};
-
-Outcome train(const TrainConfig& c) {
-  Outcome r;
-  Trainer t(c);
-  for (int64_t i = 0; i < c.train.steps; ++i) {
-    const StepStats s = t.step();
-    r.losses.push_back(s.loss);
-    r.norms.push_back(s.grad_norm);
-    r.replaying.push_back(t.graph_replaying());
-    r.notices += t.take_notice() + "\n";
-  }
-  for (const Tensor& p : t.model().parameters()) {
-    const std::vector<float> v = p.to_vector<float>();
-    r.params.insert(r.params.end(), v.begin(), v.end());
-  }
-  return r;
-}
 
 /// The config of these tests: head size 64 (the tensor-core attention path in
 /// bf16), 1024 rows per micro-batch (bias gradients take the split
@@ -72,7 +49,7 @@ TEST_P(TrainerGpu, SameConfigIsBitwiseIdentical) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir("bt_trainer_gpu");
   const TrainConfig c = gpu_config(dir.path().string(), GetParam());
-  const Outcome a = train(c), b = train(c);
+  const test::TrainerRun a = test::run_trainer(c), b = test::run_trainer(c);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.norms, b.norms);
   ASSERT_EQ(a.params.size(), b.params.size());
@@ -97,13 +74,13 @@ TEST_P(TrainerGpu, RecomputeTradesMemoryNotResults) {
   test::TempDir dir("bt_trainer_gpu");
   TrainConfig c = gpu_config(dir.path().string(), GetParam());
   c.train.steps = 3;
-  std::map<std::string, Outcome> out;
+  std::map<std::string, test::TrainerRun> out;
   std::map<std::string, size_t> peak;
   for (const char* mode : {"none", "selective", "full"}) {
     c.train.recompute = mode;
     cuda_empty_cache(0);
     cuda_reset_peak_stats(0);
-    out[mode] = train(c);
+    out[mode] = test::run_trainer(c);
     peak[mode] = cuda_memory_stats(0).peak_allocated;
   }
   const bool bf16 = std::string(GetParam()) == "bf16";
@@ -133,16 +110,10 @@ TEST_P(TrainerGpu, CudaGraphStepsGiveTheBitsOfEagerSteps) {
   TrainConfig c = gpu_config(dir.path().string(), GetParam());
   c.train.steps = 6;
   c.train.cuda_graph = false;
-  const Outcome eager = train(c);
+  const test::TrainerRun eager = test::run_trainer(c);
   c.train.cuda_graph = true;
-  const Outcome graph = train(c);
-  EXPECT_EQ(eager.replaying, std::vector<bool>(6, false));
-  EXPECT_EQ(graph.replaying, (std::vector<bool>{false, false, true, true, true, true})) << graph.notices;
-  EXPECT_NE(graph.notices.find("step 3: captured the step as a CUDA graph"), std::string::npos)
-      << graph.notices;
-  EXPECT_EQ(eager.losses, graph.losses);
-  EXPECT_EQ(eager.norms, graph.norms);
-  EXPECT_EQ(eager.params, graph.params);
+  const test::TrainerRun graph = test::run_trainer(c);
+  test::expect_graph_gives_eager_bits(eager, graph);
   EXPECT_LT(graph.losses.back(), graph.losses.front() - 0.3) << "the steps must learn";
 }
 
@@ -159,9 +130,9 @@ INSTANTIATE_TEST_SUITE_P(Precisions, TrainerGpu, ::testing::Values("fp32", "tf32
 TEST(TrainerGpuFp32x3, TracksStrictFp32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir("bt_trainer_gpu");
-  const Outcome f = train(gpu_config(dir.path().string(), "fp32")),
-                x = train(gpu_config(dir.path().string(), "fp32x3")),
-                t = train(gpu_config(dir.path().string(), "tf32"));
+  const test::TrainerRun f = test::run_trainer(gpu_config(dir.path().string(), "fp32")),
+                         x = test::run_trainer(gpu_config(dir.path().string(), "fp32x3")),
+                         t = test::run_trainer(gpu_config(dir.path().string(), "tf32"));
   double loss = 0, norm = 0, tf32_norm = 0;
   for (size_t i = 0; i < f.losses.size(); ++i) {
     loss = std::max(loss, std::fabs(x.losses[i] - f.losses[i]) / f.losses[i]);

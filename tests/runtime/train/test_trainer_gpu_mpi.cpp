@@ -4,6 +4,7 @@
 // graph]). Under ddp, zero1, zero2 and zero3, with two micro-batches a step
 // on 2 ranks, the step is captured after two eager steps and the replays
 // give the eager run's losses and gradient norms bit for bit.
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -11,33 +12,12 @@
 
 #include "runtime/bt.h"
 #include "runtime/dist/world.h"
-#include "runtime/train/trainer.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
+#include "tests/support/trainer_runs.h"
 
 namespace bt::train {
 namespace {
-
-struct Outcome {
-  std::vector<double> losses, norms;
-  std::vector<bool> replaying;  // after each step: whether the next replays a graph
-  std::string notices;
-  uint64_t peak = 0;
-};
-
-Outcome train(const TrainConfig& c) {
-  Outcome r;
-  Trainer t(c);
-  for (int64_t i = 0; i < c.train.steps; ++i) {
-    const StepStats s = t.step();
-    r.losses.push_back(s.loss);
-    r.norms.push_back(s.grad_norm);
-    r.replaying.push_back(t.graph_replaying());
-    r.notices += t.take_notice() + "\n";
-    r.peak = s.peak_mem_bytes;
-  }
-  return r;
-}
 
 TEST(TrainerGpuMpi, CudaGraphsCaptureTheCollectivesOfEveryStrategy) {
   const dist::World& w = dist::world();
@@ -67,15 +47,10 @@ TEST(TrainerGpuMpi, CudaGraphsCaptureTheCollectivesOfEveryStrategy) {
     SCOPED_TRACE(strategy);
     c.dist.strategy = strategy;
     c.train.cuda_graph = false;
-    const Outcome eager = train(c);
+    const test::TrainerRun eager = test::run_trainer(c, /*params=*/false);
     c.train.cuda_graph = true;
-    const Outcome graph = train(c);
-    EXPECT_EQ(eager.replaying, std::vector<bool>(6, false));
-    EXPECT_EQ(graph.replaying, (std::vector<bool>{false, false, true, true, true, true})) << graph.notices;
-    EXPECT_NE(graph.notices.find("step 3: captured the step as a CUDA graph"), std::string::npos)
-        << graph.notices;
-    EXPECT_EQ(eager.losses, graph.losses);
-    EXPECT_EQ(eager.norms, graph.norms);
+    const test::TrainerRun graph = test::run_trainer(c, /*params=*/false);
+    test::expect_graph_gives_eager_bits(eager, graph);
     EXPECT_LT(graph.losses.back(), graph.losses.front()) << "the steps must learn";
     if (w.rank == 0)
       std::printf("%s on %d ranks: peak memory %.1f MiB eager, %.1f MiB with the graph\n", strategy, w.size,
