@@ -289,6 +289,35 @@ std::vector<double> to_doubles(const std::vector<T>& v) {
 /// Tolerance for ||out - ref|| / ||ref|| by dtype: f32 1e-5, bf16 1e-2.
 inline double tol(DType dt) { return dt == DType::BF16 ? 1e-2 : 1e-5; }
 
+// Note [Tolerance of a sum]
+// A sum of n terms of both signs is about the root-sum-square of its terms in
+// size, but cancellation can leave it much smaller while its rounding error
+// stays what it was: measured against the sum itself, the error of a sum that
+// happened to come out small has no bound (CudaLayerNorm.MatchesCpu's db of
+// one column summed over 1000 rows, f32 against the CPU's other order, was
+// 1.4e-5 of itself on seed 2016363834). Sums are held to their terms' scale.
+
+/// ||out - ref|| / ||scale||, where scale[i] is the root-sum-square of the
+/// terms summed into ref[i]; +inf on a size mismatch or a non-finite value.
+inline double sum_error(const std::vector<double>& out, const std::vector<double>& ref,
+                        const std::vector<double>& scale) {
+  if (out.size() != ref.size() || scale.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i]) || !std::isfinite(ref[i])) return std::numeric_limits<double>::infinity();
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += scale[i] * scale[i];
+  }
+  return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+/// Expects sum_error(out, ref, scale) < tolerance (Note [Tolerance of a sum]).
+#define BT_EXPECT_SUM_REL(out, ref, scale, tolerance, what)                                      \
+  do {                                                                                           \
+    const double bt_err_ = ::bt::test::gpu::sum_error((out), (ref), (scale));                    \
+    EXPECT_LT(bt_err_, (tolerance)) << (what) << ": error against the terms' scale " << bt_err_; \
+  } while (0)
+
 /// Expects rel_error(out, ref) < tolerance, naming `what` in the failure.
 #define BT_EXPECT_REL(out, ref, tolerance, what)                                 \
   do {                                                                           \
