@@ -6,23 +6,15 @@
 #include "kernels/common/error.h"
 
 namespace bt::launcher {
-namespace {
 
-std::map<std::string, int64_t> attrs_of(const nn::GptConfig& c) {
-  return {{"n_layer", c.n_layer}, {"n_head", c.n_head},         {"n_embd", c.n_embd},
-          {"seq_len", c.seq_len}, {"vocab_size", c.vocab_size}, {"padded_vocab", c.padded_vocab()}};
+void save_model(const std::string& path, const nn::Model& m) {
+  save_weights(path, m.named_parameters(), m.shape_attrs());
 }
 
-}  // namespace
-
-void save_model(const std::string& path, const nn::Gpt& m) {
-  save_weights(path, m.named_parameters(), attrs_of(m.config()));
-}
-
-void load_model_into(const std::string& path, nn::Gpt& m) {
+void load_model_into(const std::string& path, nn::Model& m) {
   const WeightFile f = load_weights(path);
   try {
-    check_weight_attrs(f, attrs_of(m.config()));
+    check_weight_attrs(f, m.shape_attrs());
     load_into(f, m.named_parameters());
   } catch (const Error& e) {
     BT_FAIL("weights file '", path, "' does not fit this model: ", e.what());

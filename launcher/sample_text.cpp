@@ -20,7 +20,7 @@ SamplePrompt prepare_sample(const std::string& tokenizer_dir, const std::string&
   return p;
 }
 
-void print_sample(const nn::Gpt& model, const SamplePrompt& p, int64_t tokens, double temperature,
+void print_sample(const nn::Model& model, const SamplePrompt& p, int64_t tokens, double temperature,
                   int64_t top_k, uint64_t seed) {
   const std::vector<int32_t> out = nn::generate(model, p.ids, {tokens, temperature, top_k, seed});
   std::printf("---- sample (%lld tokens, temperature %.2f, top-k %lld) ----\n%s%s\n----\n",

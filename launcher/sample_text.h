@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "runtime/data/bpe.h"
-#include "runtime/nn/gpt.h"
+#include "runtime/nn/model.h"
 
 namespace bt::launcher {
 
@@ -25,7 +25,7 @@ struct SamplePrompt {
 SamplePrompt prepare_sample(const std::string& tokenizer_dir, const std::string& prompt, int64_t vocab);
 
 /// Samples `tokens` new tokens after the prompt and prints prompt + continuation.
-void print_sample(const nn::Gpt& model, const SamplePrompt& p, int64_t tokens, double temperature,
+void print_sample(const nn::Model& model, const SamplePrompt& p, int64_t tokens, double temperature,
                   int64_t top_k, uint64_t seed);
 
 }  // namespace bt::launcher

@@ -116,12 +116,12 @@ int run_train(int argc, char** argv) {
   if (cfg.train.compile)
     compiler::install_fusion_backend({cfg.compile.dump, compiler::kernel_cache_dir(cfg.compile.cache_dir)});
   // Initial weights go in before the strategy takes the parameters over.
-  auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Gpt& m) {
+  auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Model& m) {
     if (!o.init_weights.empty()) load_model_into(o.init_weights, m);
     if (lead && !o.save_init.empty()) save_model(o.save_init, m);
   });
   train::Trainer& tr = *trainer;
-  nn::Gpt& model = tr.model();
+  nn::Model& model = tr.model();
   cfg = tr.config();  // the micro-batch this rank count runs (Note [Batch split])
 
   const nn::GptConfig& mc = cfg.model;

@@ -1,11 +1,11 @@
-// Autoregressive sampling from a Gpt (no KV cache: each new token runs the
-// model over the last seq_len tokens, which is enough for demos and tests).
+// Autoregressive sampling from a model (no KV cache yet: each new token runs
+// the model over the last context() tokens, which is enough for demos and tests).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "runtime/nn/gpt.h"
+#include "runtime/nn/model.h"
 
 namespace bt::nn {
 
@@ -19,6 +19,6 @@ struct SampleOptions {
 /// Continues `prompt` (non-empty) and returns only the new tokens. Draws are
 /// restricted to the real vocabulary (never a padded id) and are reproducible
 /// for a given seed on a given device.
-std::vector<int32_t> generate(const Gpt& model, const std::vector<int32_t>& prompt, const SampleOptions& o);
+std::vector<int32_t> generate(const Model& model, const std::vector<int32_t>& prompt, const SampleOptions& o);
 
 }  // namespace bt::nn

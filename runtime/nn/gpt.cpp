@@ -95,13 +95,18 @@ Gpt::Gpt(const GptConfig& cfg, const Device& device, uint64_t seed) : cfg_(cfg),
   lnf_b_ = add_param("ln_f.bias", {C}, 0, 0, g);
 }
 
-std::vector<Tensor> Gpt::parameters() const {
-  std::vector<Tensor> out;
-  for (const auto& [name, t] : params_) out.push_back(t);
-  return out;
+std::map<std::string, int64_t> Gpt::shape_attrs() const {
+  return {{"n_layer", cfg_.n_layer}, {"n_head", cfg_.n_head},         {"n_embd", cfg_.n_embd},
+          {"seq_len", cfg_.seq_len}, {"vocab_size", cfg_.vocab_size}, {"padded_vocab", cfg_.padded_vocab()}};
 }
 
-bool Gpt::keeps_f32(const std::string& name) {
+bool Gpt::decays(const std::string& name) const {
+  for (const auto& [n, t] : params_)
+    if (n == name) return t.dim() >= 2;
+  BT_FAIL("GPT-2 has no parameter named '", name, "'");
+}
+
+bool Gpt::keeps_f32(const std::string& name) const {
   return name.find(".ln_") != std::string::npos || name.rfind("ln_f.", 0) == 0;
 }
 

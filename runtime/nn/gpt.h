@@ -42,6 +42,7 @@
 
 #include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
+#include "runtime/nn/model.h"
 #include "runtime/nn/weight_source.h"
 #include "runtime/ops/nn/layernorm.h"
 #include "runtime/tensor/factory.h"
@@ -72,9 +73,7 @@ GptConfig gpt_preset(const std::string& name);
 /// The preset names, for error messages and help.
 std::vector<std::string> gpt_preset_names();
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
-class Gpt {
+class Gpt final : public Model {
  public:
   /// Allocates the parameters on `device` and initializes them as GPT-2 does:
   /// N(0, 0.02) for embeddings and weights, residual projections (attn.c_proj,
@@ -84,38 +83,44 @@ class Gpt {
   Gpt(const GptConfig& cfg, const Device& device, uint64_t seed);
 
   const GptConfig& config() const { return cfg_; }
-  const Device& device() const { return device_; }
+  std::string arch() const override { return "gpt2"; }
+  const Device& device() const override { return device_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t padded_vocab() const override { return cfg_.padded_vocab(); }
+  int64_t context() const override { return cfg_.seq_len; }
+  double flops_per_token(int64_t T) const override { return cfg_.flops_per_token(T); }
+  /// n_layer, n_head, n_embd, seq_len, vocab_size, padded_vocab.
+  std::map<std::string, int64_t> shape_attrs() const override;
 
   /// idx: i32 [B, T] with T <= seq_len -> logits [B, T, padded_vocab] in the
   /// compute dtype (bf16 under Precision::BF16, else f32).
-  Tensor forward(const Tensor& idx) const;
+  Tensor forward(const Tensor& idx) const override;
   /// Mean cross-entropy of forward(idx) against targets (i32 [B, T], -1 =
   /// ignore) over the first vocab_size columns; an f32 scalar. The head and
   /// the loss run in row chunks (linear_cross_entropy: the logits never exist
   /// whole; BT_HEAD_CHUNK_MIB=0 makes them whole, as forward does).
   /// `grad_hint` != 0: the gradient backward will bring to the loss (Note
   /// [Gradient in the forward pass]; the Trainer's 1 / grad_accum).
-  Tensor loss(const Tensor& idx, const Tensor& targets, float grad_hint = 0.0f) const;
+  Tensor loss(const Tensor& idx, const Tensor& targets, float grad_hint = 0.0f) const override;
 
   /// Parameters in a fixed order with GPT-2/nanoGPT names ("wte", "wpe",
   /// "h.0.ln_1.weight", ..., "ln_f.bias"); Linear weights are [out, in].
-  const NamedTensors& named_parameters() const { return params_; }
-  std::vector<Tensor> parameters() const;
-  /// True for tensors that get weight decay: every parameter with 2 dims.
-  static bool decays(const Tensor& p) { return p.dim() >= 2; }
+  const NamedTensors& named_parameters() const override { return params_; }
+  /// Every parameter with 2 dims decays: the embeddings and the Linear weights.
+  bool decays(const std::string& name) const override;
   /// True for the parameters the forward uses in f32 under every precision:
   /// the LayerNorm affine, by name (Note [f32 LayerNorm parameters]).
-  static bool keeps_f32(const std::string& name);
+  bool keeps_f32(const std::string& name) const override;
   /// The unit of each parameter (named_parameters() order): 0 for the
   /// embeddings and the final LayerNorm (wte also serves as the LM head), 1 + l
   /// for block l. Units are what ZeRO-3 gathers at a time.
-  std::vector<int> param_units() const;
+  std::vector<int> param_units() const override;
   /// Forward takes its weights from `s` (not owned; null: the parameters).
-  void set_weight_source(WeightSource* s) { source_ = s; }
+  void set_weight_source(WeightSource* s) override { source_ = s; }
   /// Which activations backward rebuilds (runtime/autograd/recompute.h): none
   /// keeps them all; selective rebuilds LayerNorm and GELU outputs; full also
   /// reruns each block's forward, keeping only the block inputs.
-  void set_recompute(Recompute r) { recompute_ = r; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
 
  private:

@@ -92,7 +92,7 @@ uint64_t peak_memory_bytes(const Device& d) {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& init) : cfg_(cfg) {
+Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& init) : cfg_(cfg) {
   const dist::World& w = dist::world();
   rank_ = w.rank;
   world_ = w.size;
@@ -128,8 +128,8 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& in
   const nn::NamedTensors& named = model_->named_parameters();
   for (size_t i = 0; i < named.size(); ++i) {
     const Tensor& p = named[i].second;
-    ps.push_back({p, nn::Gpt::decays(p) ? t.weight_decay : 0.0, units[i], named[i].first,
-                  nn::Gpt::keeps_f32(named[i].first)});
+    ps.push_back({p, model_->decays(named[i].first) ? t.weight_decay : 0.0, units[i], named[i].first,
+                  model_->keeps_f32(named[i].first)});
   }
   strategy_ = dist::make_strategy(so, std::move(ps), pg_);
   model_->set_weight_source(strategy_->weight_source());

@@ -74,7 +74,7 @@
 #include "runtime/core/stream.h"
 #include "runtime/data/loader.h"
 #include "runtime/dist/strategy.h"
-#include "runtime/nn/gpt.h"
+#include "runtime/nn/model.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/train/config.h"
 
@@ -115,7 +115,7 @@ class Trainer {
   /// model (seeded init), runs `init` on it (e.g. loading weights) before the
   /// strategy takes the parameters over, and opens the loaders. Throws
   /// bt::Error on bad input.
-  explicit Trainer(const TrainConfig& cfg, const std::function<void(nn::Gpt&)>& init = {});
+  explicit Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& init = {});
 
   StepStats step();
   /// Mean validation loss over train.eval_batches batches, always the same
@@ -128,7 +128,7 @@ class Trainer {
   /// rank count (Note [Batch split] in runtime/train/config.cpp).
   const TrainConfig& config() const { return cfg_; }
   const Device& device() const { return device_; }
-  nn::Gpt& model() { return *model_; }
+  nn::Model& model() { return *model_; }
   int64_t grad_accum() const { return accum_; }
   const TokenLoader& train_loader() const { return *train_; }
   /// The job's ranks (1 for a single process) and this one's index.
@@ -171,7 +171,7 @@ class Trainer {
  private:
   TrainConfig cfg_;
   Device device_;
-  std::unique_ptr<nn::Gpt> model_;
+  std::unique_ptr<nn::Model> model_;
   std::unique_ptr<dist::Strategy> strategy_;  // local for one process
   CosineSchedule schedule_;
   std::unique_ptr<TokenLoader> train_, val_;

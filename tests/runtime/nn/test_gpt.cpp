@@ -192,7 +192,7 @@ TEST(Gpt, Bf16GradientsReachTheMastersInF32) {
     // wpe's is f32, but it adds bf16 values summed over the batch by the
     // broadcast add's backward.
     const bool linear = name == "wte" || name.find(".c_") != std::string::npos;
-    if (!linear && !Gpt::keeps_f32(name)) continue;
+    if (!linear && !m.keeps_f32(name)) continue;
     int64_t nonzero = 0, exact = 0;
     for (float v : t.grad().to_vector<float>())
       if (v != 0.0f) ++nonzero, exact += bf16_exact(v);
@@ -245,7 +245,7 @@ TEST(Gpt, Bf16LayerNormParametersAreNotCast) {
     int norms = 0;
     for (const auto& [name, t] : m.named_parameters()) {
       const std::set<std::string> f = feeders(loss, t);
-      if (Gpt::keeps_f32(name)) {
+      if (m.keeps_f32(name)) {
         ++norms;  // every LayerNorm adds a residual first, ln_1 of block 0 the positions
         EXPECT_EQ(f, std::set<std::string>{"AddLayerNormBackward"}) << name;
       } else if (name.find(".c_") != std::string::npos) {
