@@ -107,7 +107,8 @@ bool Gpt::decays(const std::string& name) const {
 }
 
 bool Gpt::keeps_f32(const std::string& name) const {
-  return name.find(".ln_") != std::string::npos || name.rfind("ln_f.", 0) == 0;
+  // The primitive model casts its LayerNorm parameters like the others (Note [Primitive-op GPT]).
+  return cfg_.fused_ops && (name.find(".ln_") != std::string::npos || name.rfind("ln_f.", 0) == 0);
 }
 
 std::vector<int> Gpt::param_units() const {

@@ -29,7 +29,9 @@
 // GELU from its tanh formula, each linear's bias as an add after the GEMM,
 // the residual adds as adds, the MLP as two linears around that GELU; the
 // LayerNorm parameters go through compute() like the others (under bf16 the
-// primitives compute in bf16). Attention, the GEMMs, the embeddings and
+// primitives compute in bf16), so keeps_f32() is false for every parameter
+// and a weight source hands them out in bf16 too (zero3 under bf16 gathered
+// them in f32 and failed on a dtype mismatch). Attention, the GEMMs, the embeddings and
 // cross-entropy stay. Eagerly this is slow; it is what the compiler fuses
 // (train.compile, docs/compiler.md). Same values as the fused model to
 // rounding, not the same bits (Gpt.PrimitiveOpsGiveTheFusedModelsValues).
@@ -109,7 +111,8 @@ class Gpt final : public Model {
   /// Every parameter with 2 dims decays: the embeddings and the Linear weights.
   bool decays(const std::string& name) const override;
   /// True for the parameters the forward uses in f32 under every precision:
-  /// the LayerNorm affine, by name (Note [f32 LayerNorm parameters]).
+  /// the LayerNorm affine, by name (Note [f32 LayerNorm parameters]), unless
+  /// the model is written from primitive ops, which cast it like the rest.
   bool keeps_f32(const std::string& name) const override;
   /// The unit of each parameter (named_parameters() order): 0 for the
   /// embeddings and the final LayerNorm (wte also serves as the LM head), 1 + l

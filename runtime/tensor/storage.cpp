@@ -18,6 +18,11 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, const Device& device, 
 }
 
 void Storage::release() {
+  // Note [Lazy fusion]: pending work that reads this memory is computed first,
+  // as before a write (a recipe rebuilt in a ZeRO-3 unit's backward reads the
+  // unit's gathered weights, which the unit releases when its backward ends).
+  if (lazy_readers.load(std::memory_order_relaxed) > 0)
+    if (const PendingFlush flush = g_pending_flush.load()) flush();
   if (allocator && data) allocator->deallocate(data);
   data = nullptr;
 }

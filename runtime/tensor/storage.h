@@ -68,7 +68,8 @@ struct Storage {
   // gathered weights of a unit this way between its forward and backward
   // (runtime/dist/zero3.h). Reading released data fails in Tensor::data_ptr.
   // The version counter is untouched: refilling with the same values is not
-  // a write autograd must see.
+  // a write autograd must see. Pending lazy work that reads the storage is
+  // computed before the memory goes (Note [Lazy fusion]).
   void release();
   void reacquire(const Stream& stream);
   bool resident() const { return data != nullptr || nbytes == 0; }

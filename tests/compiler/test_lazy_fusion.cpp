@@ -181,6 +181,22 @@ TEST_F(WithCompiler, AWriteAfterAPendingReadSeesTheOldValues) {
   EXPECT_EQ(rel_error(x, add(before, 5.0)), 0.0);
 }
 
+TEST_F(WithCompiler, ReleasingMemoryAPendingValueReadsComputesItFirst) {
+  // ZeRO-3 releases a unit's gathered weights when the unit's backward ends
+  // (Note [Released storage]); pending work that reads them runs before.
+  std::mt19937 gen(14);
+  Tensor x = test::uniform_cpu({64}, DType::F32, gen);
+  const Tensor want = add(mul(x, 2.0), 1.0);
+  Tensor y;
+  {
+    fusion::LazyScope scope;
+    y = add(mul(x, 2.0), 1.0);  // pending: reads x
+    x.impl()->storage->release();
+    EXPECT_EQ(fusion::lazy_stats().groups_run, 1) << "computed at the release";
+  }
+  EXPECT_EQ(rel_error(y, want), 0.0);
+}
+
 TEST_F(WithCompiler, ViewsOfPendingValues) {
   std::mt19937 gen(7);
   const Tensor x = test::uniform_cpu({8, 12}, DType::F32, gen);

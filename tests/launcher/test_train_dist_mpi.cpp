@@ -240,6 +240,33 @@ TEST_F(TrainDist, CompileMatchesUnderDdpAndZero3) {
   }
 }
 
+// Under selective recompute the primitive model's saved elementwise values
+// are recipes that backward rebuilds inside its own groups (Note [Saved values
+// recomputed]); under zero3 the bf16 weights they read are gathered per unit
+// and released when the unit's backward ends (Note [Released storage]), so
+// the pending rebuilds must be computed before that. 2 ranks with compile on
+// give the bits of the same ranks with it off. (Both failed before: the
+// primitive model's LayerNorm weights came from the weight source in f32, and
+// then the rebuilt values read released weights.)
+TEST_F(TrainDist, CompileUnderZero3InBf16RebuildsSavedValuesFromGatheredWeights) {
+  const std::string run3 = test::mpirun_prefix(2) + base_ +
+                           " --set train.steps=3 --set train.precision=bf16 --set model.fused_ops=false"
+                           " --set train.recompute=selective --set dist.strategy=zero3";
+  for (const std::string compile : {"true", "false"}) {
+    Result r = run(run3 + " --set train.compile=" + compile + " --set compile.cache_dir=" +
+                   file("bf16_" + compile + "_cache") + " --metrics " + file("bf16_" + compile + ".jsonl"));
+    ASSERT_EQ(r.status, 0) << compile << "\n" << r.out;
+  }
+  const std::vector<nlohmann::json> on = jsonl_rows(file("bf16_true.jsonl")),
+                                    off = jsonl_rows(file("bf16_false.jsonl"));
+  ASSERT_EQ(on.size(), 3u);
+  ASSERT_EQ(off.size(), 3u);
+  for (size_t i = 0; i < on.size(); ++i) {
+    EXPECT_EQ(on[i].at("loss"), off[i].at("loss")) << "step " << i + 1;
+    EXPECT_GT(on[i].at("fused_groups").get<int64_t>(), 0) << "step " << i + 1;
+  }
+}
+
 // bf16 against fp32 from the same initial weights on the same data (one
 // process; ddp and zero3 give its bits, above). bf16 keeps 8 significant bits:
 // unit roundoff u = 2^-8 = 3.9e-3 on every activation, weight copy and
