@@ -33,9 +33,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // activation or a view, still reads. Anything shared gets a fresh buffer;
     // casts and contiguous() of a non-contiguous view already produce one.
     // (The engine's sum of two gradients of one tensor adds into the first by
-    // the same test, except under lazy fusion, where the sum is recorded.) A gradient in another dtype than the leaf's (Note
-    // [Gradients in a wider dtype]) is cast once here, and added in the
-    // leaf's dtype later.
+    // the same test, except under lazy fusion, where the sum is recorded.) A
+    // gradient in another dtype than the leaf's (Note [Gradients in a wider
+    // dtype]) is cast once here, and added in the leaf's dtype later.
     if (g.dtype() != leaf_.dtype())
       m.grad = g.to(leaf_.dtype());
     else if (autograd::sole_owner(g, leaf_.shape()))
