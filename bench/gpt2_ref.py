@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch reference for BluTrain's GPT-2: the same model, data order and
-training step, written independently, for fidelity tests and benchmarks.
+"""PyTorch reference for BluTrain's models (GPT-2 here, Llama in llama_ref.py):
+the same model, data order and training step, written independently, for
+fidelity tests and benchmarks. model.arch (gpt2 when absent) picks the model.
 
 Subcommands:
   train     train from a BluTrain resolved config (blutrain train --resolved-config)
@@ -16,6 +17,7 @@ The model (see bench/README.md for the full contract): token embedding wte
 x += mlp(ln_2(x)); ln_f; logits = ln_f(x) @ wte^T over the padded vocabulary
 Vp (vocab_size rounded up to 128); the loss is cross-entropy over the first
 vocab_size columns only. Parameter names, HDF5 layout and init match BluTrain's.
+The Llama model is described in bench/llama_ref.py.
 
 The weights-file, data and schedule helpers need only numpy and h5py; torch is
 needed for the model, train, bench and selftest.
@@ -32,7 +34,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # --help and the config helpers still work
+    np = None
 
 try:
     import torch
@@ -41,16 +46,27 @@ try:
 except ImportError:  # the file/data/schedule helpers still work (fidelity.py uses them)
     torch = None
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # llama_ref.py sits beside this file, whoever imports it
+    sys.path.insert(0, _HERE)
+import llama_ref  # noqa: E402  (imports nothing from here; torch is optional for it too)
+
 WEIGHTS_FORMAT = "blutrain-weights"
 WEIGHTS_VERSION = 1
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256
-CONFIG_ATTRS = ("n_layer", "n_head", "n_embd", "seq_len", "vocab_size", "padded_vocab")
+CONFIG_ATTRS = ("n_layer", "n_head", "n_embd", "seq_len", "vocab_size", "padded_vocab")  # GPT-2's
+ARCHS = ("gpt2", "llama")
 
+# BluTrain's presets (runtime/nn/registry.cpp); keys not given take the defaults.
 PRESETS = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, seq_len=256, vocab_size=50257),
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, vocab_size=50257),
+    "llama-tiny": dict(arch="llama", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, ffn_hidden=384, seq_len=256,
+                       vocab_size=50257, tie_embeddings=False),
+    "llama-150m": dict(arch="llama", n_layer=12, n_head=12, n_kv_head=4, n_embd=768, ffn_hidden=2048,
+                       seq_len=1024, vocab_size=50257, tie_embeddings=False),
 }
 
 # BluTrain's precisions (train.precision). fp32x3 keeps fp32's numerics with
@@ -76,10 +92,21 @@ def padded_vocab(vocab_size):
     return (vocab_size + 127) // 128 * 128
 
 
+def arch_of(mc):
+    return mc.get("arch", "gpt2")
+
+
 def model_config(d, where="model"):
-    """A complete model config dict from one with n_layer, n_head, n_embd,
-    seq_len, vocab_size (padded_vocab, if given, must agree)."""
-    mc = {}
+    """A complete model config dict, BluTrain's ModelConfig keys plus
+    padded_vocab, from one with n_layer, n_head, n_embd, seq_len, vocab_size;
+    the other keys (arch, n_kv_head, ffn_hidden, rope_theta, norm_eps,
+    tie_embeddings, fused_ops) take BluTrain's defaults when absent, and
+    padded_vocab, if given, must agree. Values are kept as given (n_kv_head
+    and ffn_hidden 0 included); llama_ref.kv_heads / ffn_width resolve them."""
+    arch = d.get("arch", "gpt2")
+    if arch not in ARCHS:
+        raise RefError(f"{where}.arch is {arch!r}; the reference implements {', '.join(ARCHS)}")
+    mc = {"arch": arch}
     for k in ("n_layer", "n_head", "n_embd", "seq_len", "vocab_size"):
         if k not in d:
             raise RefError(f"{where}: missing '{k}'")
@@ -89,6 +116,17 @@ def model_config(d, where="model"):
         mc[k] = v
     if mc["n_embd"] % mc["n_head"]:
         raise RefError(f"{where}: n_embd {mc['n_embd']} is not divisible by n_head {mc['n_head']}")
+    try:
+        mc.update(llama_ref.read_config_keys(d, where))
+        if arch == "llama":
+            llama_ref.validate(mc, where)
+    except ValueError as e:
+        raise RefError(str(e)) from e
+    mc["fused_ops"] = d.get("fused_ops", True)
+    if not isinstance(mc["fused_ops"], bool):
+        raise RefError(f"{where}.fused_ops must be true or false, got {mc['fused_ops']!r}")
+    if arch == "gpt2":
+        _validate_gpt2(mc, where)
     mc["padded_vocab"] = padded_vocab(mc["vocab_size"])
     if "padded_vocab" in d and d["padded_vocab"] != mc["padded_vocab"]:
         raise RefError(f"{where}.padded_vocab is {d['padded_vocab']}, but vocab_size {mc['vocab_size']} "
@@ -96,8 +134,53 @@ def model_config(d, where="model"):
     return mc
 
 
+def _validate_gpt2(mc, where):
+    """Refuses llama-only settings, as BluTrain's GPT-2 does (the reference
+    runs fused_ops either way: it changes how BluTrain computes, not what)."""
+    if mc["n_kv_head"] not in (0, mc["n_head"]):
+        raise RefError(f"{where}.n_kv_head ({mc['n_kv_head']}) applies to model.arch=llama: GPT-2 attention "
+                       "has one K/V head per query head (leave it 0)")
+    if mc["ffn_hidden"] not in (0, 4 * mc["n_embd"]):
+        raise RefError(f"{where}.ffn_hidden ({mc['ffn_hidden']}) applies to model.arch=llama: GPT-2's MLP is "
+                       f"4 x {where}.n_embd wide (leave it 0)")
+    if not mc["tie_embeddings"]:
+        raise RefError(f"{where}.tie_embeddings=false applies to model.arch=llama: GPT-2's LM head is its "
+                       "token embedding")
+    if mc["rope_theta"] != llama_ref.ROPE_THETA:
+        raise RefError(f"{where}.rope_theta ({mc['rope_theta']}) applies to model.arch=llama: GPT-2 learns "
+                       "its position embeddings")
+
+
+# The `model` attribute's keys, in the order BluTrain's model_config_json writes them.
+MODEL_JSON_KEYS = ("arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size", "n_kv_head", "ffn_hidden",
+                   "rope_theta", "norm_eps", "tie_embeddings", "fused_ops", "padded_vocab")
+
+
+def model_json(mc):
+    """The config as a weights file's `model` attribute holds it: compact JSON,
+    keys and values as runtime/nn/model_config.cpp (model_config_json) writes them."""
+    return json.dumps({k: mc[k] for k in MODEL_JSON_KEYS}, separators=(",", ":"))
+
+
+def shape_attrs(mc):
+    """{name: int}: the shape attributes of the model's weights files."""
+    if arch_of(mc) == "llama":
+        return llama_ref.shape_attrs(mc)
+    return {k: mc[k] for k in CONFIG_ATTRS}
+
+
+def describe_model(mc):
+    """The model, in a few words, for a log line."""
+    if arch_of(mc) == "llama":
+        return llama_ref.describe(mc)
+    return (f"{mc['n_layer']} layers, {mc['n_head']} heads, width {mc['n_embd']}, context {mc['seq_len']}, "
+            f"vocab {mc['vocab_size']} (padded {mc['padded_vocab']})")
+
+
 def param_shapes(mc):
     """[(name, shape)] of every parameter, in BluTrain's order; Linear weights [out, in]."""
+    if arch_of(mc) == "llama":
+        return llama_ref.param_shapes(mc)
     C, L = mc["n_embd"], mc["n_layer"]
     out = [("wte", (mc["padded_vocab"], C)), ("wpe", (mc["seq_len"], C))]
     for l in range(L):
@@ -135,10 +218,12 @@ def _h5py():
     return h5py
 
 
-def write_weights(path, named, attrs):
+def write_weights(path, named, attrs, text=None):
     """Writes [(name, array)] as float32 datasets in the root group, with int64
-    attributes `attrs` plus format/version; PATH.tmp then rename (atomic)."""
+    attributes `attrs`, string attributes `text` ({name: str}) and
+    format/version; PATH.tmp then rename (atomic)."""
     h5py = _h5py()
+    text = text or {}
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise RefError(f"cannot save weights to '{path}': directory '{parent}' does not exist")
@@ -147,6 +232,9 @@ def write_weights(path, named, attrs):
         if not name or "/" in name or name in seen:
             raise RefError(f"bad or duplicate tensor name {name!r} for weights file '{path}'")
         seen.add(name)
+    for k, v in text.items():
+        if not k or k in ("format", "version") or k in attrs or not isinstance(v, str):
+            raise RefError(f"text attribute {k!r} is empty, reserved, also an integer attribute or not a string")
     tmp = path + ".tmp"
     try:
         with h5py.File(tmp, "w", track_order=True) as f:
@@ -156,6 +244,8 @@ def write_weights(path, named, attrs):
                 if k in ("format", "version"):
                     raise RefError(f"attribute '{k}' is reserved")
                 f.attrs[k] = np.int64(v)
+            for k, v in text.items():
+                f.attrs[k] = v  # a variable-length UTF-8 string
             for name, a in named:
                 f.create_dataset(name, data=np.ascontiguousarray(a, dtype=np.float32))
         with open(tmp, "rb+") as fh:
@@ -170,6 +260,13 @@ def write_weights(path, named, attrs):
 def read_weights(path):
     """Reads a weights file strictly: returns (attrs {name: int} without
     format/version, {name: float32 array} in the file's listing order)."""
+    attrs, _, tensors = read_weights_text(path)
+    return attrs, tensors
+
+
+def read_weights_text(path):
+    """read_weights, also returning the string attributes other than format
+    (`model`: the config as JSON): (attrs, {name: str}, tensors)."""
     h5py = _h5py()
     if not os.path.exists(path):
         raise RefError(f"weights file '{path}' does not exist")
@@ -187,13 +284,19 @@ def read_weights(path):
             raise RefError(f"weights file '{path}' has no 'format' attribute (expected '{WEIGHTS_FORMAT}')")
         if str(fmt) != WEIGHTS_FORMAT:
             raise RefError(f"weights file '{path}' has format '{fmt}', expected '{WEIGHTS_FORMAT}'")
-        attrs = {}
+        attrs, text = {}, {}
         for k, v in f.attrs.items():
             if k == "format":
                 continue
+            if isinstance(v, bytes):  # a fixed-length string
+                v = v.decode()
+            if isinstance(v, str):
+                text[k] = v
+                continue
             a = np.asarray(v)
             if a.size != 1 or not np.issubdtype(a.dtype, np.integer):
-                raise RefError(f"weights file '{path}': attribute '{k}' is not an integer scalar ({a.dtype})")
+                raise RefError(f"weights file '{path}': attribute '{k}' is not an integer or string scalar "
+                               f"({a.dtype})")
             attrs[k] = int(a.reshape(()))
         version = attrs.pop("version", None)
         if version != WEIGHTS_VERSION:
@@ -206,17 +309,36 @@ def read_weights(path):
             if obj.dtype != np.float32:
                 raise RefError(f"weights file '{path}': tensor '{name}' is {obj.dtype}, expected float32")
             tensors[name] = obj[()]
-    return attrs, tensors
+    return attrs, text, tensors
 
 
-def check_weights(path, attrs, tensors, mc):
-    """Raises RefError unless the file's config attributes, tensor names and
-    shapes are exactly those of the model `mc`."""
-    for k in CONFIG_ATTRS:
+def file_arch(path, text):
+    """The family of a weights file's model: the arch in its `model` attribute;
+    gpt2 for a file without one (written before model.arch) or without the key."""
+    s = (text or {}).get("model")
+    if s is None:
+        return "gpt2"
+    try:
+        j = json.loads(s)
+    except ValueError as e:
+        raise RefError(f"weights file '{path}': its 'model' attribute is not JSON ({e})") from e
+    if not isinstance(j, dict):
+        raise RefError(f"weights file '{path}': its 'model' attribute is not a JSON object")
+    return j.get("arch", "gpt2")
+
+
+def check_weights(path, attrs, tensors, mc, text=None):
+    """Raises RefError unless the file holds a model of mc's arch (by its
+    `model` attribute in `text`; none = gpt2) and its shape attributes, tensor
+    names and shapes are exactly those of the model `mc`."""
+    arch = file_arch(path, text)
+    if arch != arch_of(mc):
+        raise RefError(f"weights file '{path}' holds a {arch} model, and model.arch is {arch_of(mc)}")
+    for k, v in shape_attrs(mc).items():
         if k not in attrs:
-            raise RefError(f"weights file '{path}' has no attribute '{k}' (expected {mc[k]})")
-        if attrs[k] != mc[k]:
-            raise RefError(f"weights file '{path}' has {k} = {attrs[k]}, but the model has {k} = {mc[k]}")
+            raise RefError(f"weights file '{path}' has no attribute '{k}' (expected {v})")
+        if attrs[k] != v:
+            raise RefError(f"weights file '{path}' has {k} = {attrs[k]}, but the model has {k} = {v}")
     want = dict(param_shapes(mc))
     for name in want:
         if name not in tensors:
@@ -234,6 +356,8 @@ def check_weights(path, attrs, tensors, mc):
 
 def read_shard(path):
     """Token ids of one llm.c shard as a read-only uint16 memmap (validated)."""
+    if np is None:
+        raise RefError("numpy is needed to read token shards (pip install numpy)")
     size = os.path.getsize(path)
     if size < 4 * SHARD_HEADER_INTS:
         raise RefError(f"token shard '{path}' is {size} bytes, smaller than its header")
@@ -321,11 +445,11 @@ if torch is not None:
             return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
     class Block(nn.Module):
-        def __init__(self, n_embd, n_head):
+        def __init__(self, n_embd, n_head, eps=1e-5):
             super().__init__()
-            self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
+            self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
             self.attn = CausalSelfAttention(n_embd, n_head)
-            self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
+            self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
             self.mlp = MLP(n_embd)
 
         def forward(self, x):
@@ -338,11 +462,11 @@ if torch is not None:
         def __init__(self, mc):
             super().__init__()
             self.mc = mc
-            C = mc["n_embd"]
+            C, eps = mc["n_embd"], mc.get("norm_eps", 1e-5)  # LayerNorm eps: model.norm_eps
             self.wte = nn.Parameter(torch.empty(mc["padded_vocab"], C))
             self.wpe = nn.Parameter(torch.empty(mc["seq_len"], C))
-            self.h = nn.ModuleList(Block(C, mc["n_head"]) for _ in range(mc["n_layer"]))
-            self.ln_f = nn.LayerNorm(C, eps=1e-5)
+            self.h = nn.ModuleList(Block(C, mc["n_head"], eps) for _ in range(mc["n_layer"]))
+            self.ln_f = nn.LayerNorm(C, eps=eps)
 
         def set_explicit_attention(self, on):
             for b in self.h:
@@ -384,16 +508,32 @@ if torch is not None:
                     cpu.normal_(0.0, 0.02)
                 p.copy_(cpu)
 
+    def build_model(mc):
+        """The model of mc's arch (parameters not yet initialized: init_model)."""
+        return llama_ref.Llama(mc) if arch_of(mc) == "llama" else GPT(mc)
+
+    def init_model(model, seed):
+        """The init of the model's family, seeded with `seed`."""
+        if arch_of(model.mc) == "llama":
+            llama_ref.init_weights(model, seed)
+        else:
+            init_weights(model, seed)
+
+    def model_blocks(model):
+        """The model's transformer blocks (FSDP2 shards each)."""
+        return model.layers if arch_of(model.mc) == "llama" else model.h
+
     def load_weights_into(model, path):
-        attrs, tensors = read_weights(path)
-        check_weights(path, attrs, tensors, model.mc)
+        attrs, text, tensors = read_weights_text(path)
+        check_weights(path, attrs, tensors, model.mc, text)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(torch.from_numpy(np.ascontiguousarray(tensors[name])))
 
     def save_model(model, path):
+        """The parameters, the shape attributes and the config (`model`, as JSON)."""
         named = [(n, p.detach().float().cpu().numpy()) for n, p in model.named_parameters()]
-        write_weights(path, named, {k: model.mc[k] for k in CONFIG_ATTRS})
+        write_weights(path, named, shape_attrs(model.mc), {"model": model_json(model.mc)})
 
     def make_optimizer(model, lr, weight_decay, betas, eps, device):
         """AdamW with weight decay on parameters of dim >= 2 only; fused on CUDA,
@@ -522,11 +662,11 @@ def cmd_train(args):
     train_data = ShardSamples(d["train"], B, T)
     val_data = ShardSamples(d["val"], B, T) if d.get("val") else None
 
-    model = GPT(mc)
+    model = build_model(mc)
     if args.init:
         load_weights_into(model, args.init)
     else:
-        init_weights(model, seed)
+        init_model(model, seed)
     torch.manual_seed(seed)
     model.to(device)
     if args.save_init:
@@ -550,8 +690,7 @@ def cmd_train(args):
                 total = l if total is None else total + l
         return float(total.item()) / n
 
-    print(f"gpt2_ref train: {mc['n_layer']} layers, {mc['n_head']} heads, width {mc['n_embd']}, "
-          f"context {T}, vocab {mc['vocab_size']} (padded {mc['padded_vocab']}); {run_steps} of {total_steps} "
+    print(f"gpt2_ref train: {describe_model(mc)}; {run_steps} of {total_steps} "
           f"steps of {A} micro-batch(es) of {B} sequences on {device}, {t.get('precision', 'fp32')}"
           f", deterministic; torch {torch.__version__}", flush=True)
     metrics = open(args.metrics, "w") if args.metrics else None
@@ -620,8 +759,8 @@ def cmd_bench(args):
         args.device = f"cuda:{local}"
     device = resolve_device(args.device)
     autocast = set_precision(args.precision, device)
-    model = GPT(mc)
-    init_weights(model, 1337)
+    model = build_model(mc)
+    init_model(model, 1337)
     model.to(device)
     if args.dist == "ddp":
         opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, device)
@@ -629,7 +768,7 @@ def cmd_bench(args):
                                                           bucket_cap_mb=args.bucket_mb)
     elif args.dist == "fsdp2":
         from torch.distributed.fsdp import fully_shard
-        for block in model.h:
+        for block in model_blocks(model):
             fully_shard(block)
         fully_shard(model)
         opt = make_optimizer(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, torch.device("cpu"))  # foreach: sharded params
@@ -959,6 +1098,20 @@ def cmd_selftest(args):
         check("weights: shape mismatch", refused(lambda: check_weights(path, attrs, bad, mc), "[8, 32]"))
         check("weights: config mismatch", refused(lambda: check_weights(path, dict(attrs, n_layer=3), tensors, mc),
                                                   "n_layer = 3"))
+        text = read_weights_text(path)[1]
+        want_json = ('{"arch":"gpt2","n_layer":2,"n_head":4,"n_embd":32,"seq_len":16,"vocab_size":100,"n_kv_head":0,'
+                     '"ffn_hidden":0,"rope_theta":10000.0,"norm_eps":1e-05,"tie_embeddings":true,"fused_ops":true,'
+                     '"padded_vocab":128}')
+        check("weights: `model` attribute = BluTrain's JSON", text == {"model": want_json}, str(text))
+        old = os.path.join(tmp, "old.h5")
+        write_weights(old, list(tensors.items()), attrs)  # as files were before model.arch: no `model`
+        other = GPT(mc)
+        load_weights_into(other, old)
+        check("weights: a file without `model` loads as gpt2",
+              all(torch.equal(p, q) for p, q in zip(model.parameters(), other.parameters())))
+        check("weights: another arch refused",
+              refused(lambda: check_weights(path, attrs, tensors, mc, {"model": '{"arch":"llama"}'}),
+                      "holds a llama model, and model.arch is gpt2"))
         import h5py
         with h5py.File(path, "r+") as f:
             f.attrs["format"] = "something-else"
@@ -967,9 +1120,247 @@ def cmd_selftest(args):
             f.write(b"not hdf5" * 100)
         check("weights: garbage refused", refused(lambda: read_weights(path), "not an HDF5 file"))
 
+        selftest_llama(check, close, refused, tmp)
+
     failed = results.count(False)
     print(f"selftest: {len(results) - failed} passed, {failed} failed (torch {torch.__version__})")
     return 1 if failed else 0
+
+
+def selftest_llama(check, close, refused, tmp):
+    """selftest's checks of the Llama model (bench/llama_ref.py); files go in `tmp`."""
+    L = llama_ref
+
+    # Config: presets, defaults, refusals.
+    big = model_config(PRESETS["llama-150m"], "llama-150m")
+    n = sum(math.prod(s) for _, s in param_shapes(big))
+    check("llama-150m: 152,783,616 parameters", n == 152_783_616, f"{n:,}")
+    tiny = model_config(PRESETS["llama-tiny"], "llama-tiny")
+    check("llama-tiny: shape attributes",
+          shape_attrs(tiny) == dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, ffn_hidden=384, seq_len=256,
+                                    vocab_size=50257, padded_vocab=50304, tie_embeddings=0), str(shape_attrs(tiny)))
+    d = model_config(dict(arch="llama", n_layer=1, n_head=12, n_embd=768, seq_len=8, vocab_size=100))
+    check("llama: defaults (one K/V head per head, ffn 8C/3 up to 64, tied, theta 1e4, eps 1e-5)",
+          d["n_kv_head"] == 0 and L.kv_heads(d) == 12 and L.ffn_width(d) == 2048 and d["tie_embeddings"]
+          and d["rope_theta"] == 10000.0 and d["norm_eps"] == 1e-5)
+    base = dict(arch="llama", n_layer=1, n_head=4, n_embd=32, seq_len=8, vocab_size=100)
+    check("llama: n_kv_head must divide n_head", refused(lambda: model_config(dict(base, n_kv_head=3)), "must divide"))
+    check("llama: odd head dim refused", refused(lambda: model_config(dict(base, n_embd=12)), "even head dim"))
+    check("gpt2: llama-only keys refused",
+          refused(lambda: model_config(dict(base, arch="gpt2", n_kv_head=2)), "n_kv_head")
+          and refused(lambda: model_config(dict(base, arch="gpt2", tie_embeddings=False)), "tie_embeddings"))
+    check("unknown arch refused", refused(lambda: model_config(dict(base, arch="mamba")), "'mamba'"))
+
+    # Parameters: names, shapes and order; the tied head.
+    mc = model_config(dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=48, seq_len=16,
+                           vocab_size=100, tie_embeddings=False, rope_theta=500.0, norm_eps=1e-6))
+    V, H, Hkv, D = 100, 4, 2, 8
+    model = build_model(mc)
+    names = [n for n, _ in model.named_parameters()]
+    layer0 = ["layers.0." + s for s in ("attention_norm.weight", "attention.wq.weight", "attention.wk.weight",
+                                        "attention.wv.weight", "attention.wo.weight", "ffn_norm.weight",
+                                        "feed_forward.w1.weight", "feed_forward.w3.weight", "feed_forward.w2.weight")]
+    check("llama: parameter names and order",
+          names == [n for n, _ in param_shapes(mc)] and names[:10] == ["tok_embeddings.weight"] + layer0
+          and names[-2:] == ["norm.weight", "output.weight"] and len(names) == 1 + 2 * 9 + 2, str(names[:4]))
+    shapes = dict(param_shapes(mc))
+    check("llama: parameter shapes",
+          [tuple(p.shape) for p in model.parameters()] == [s for _, s in param_shapes(mc)]
+          and shapes["layers.1.attention.wq.weight"] == (32, 32) and shapes["layers.1.attention.wk.weight"] == (16, 32)
+          and shapes["layers.1.attention.wo.weight"] == (32, 32) and shapes["layers.1.feed_forward.w3.weight"] == (48, 32)
+          and shapes["layers.1.feed_forward.w2.weight"] == (32, 48) and shapes["output.weight"] == (128, 32))
+    tied = model_config(dict(mc, tie_embeddings=True))
+    tnames = [n for n, _ in build_model(tied).named_parameters()]
+    check("llama: tied head has no output.weight", tnames == [n for n, _ in param_shapes(tied)]
+          and tnames[-1] == "norm.weight" and len(tnames) == len(names) - 1)
+    check("llama: norm_eps reaches every RMSNorm",
+          all(m.eps == 1e-6 for m in model.modules() if isinstance(m, L.RMSNorm)))
+
+    # Init: N(0, 0.02) drawn in parameter order from the seed; norm weights 1.
+    L.init_weights(model, 1337)
+    sd = dict(model.named_parameters())
+    torch.manual_seed(1337)
+    first, second = torch.empty(128, 32).normal_(0.0, 0.02), torch.empty(32, 32).normal_(0.0, 0.02)
+    check("llama init: drawn in parameter order (norm weights draw nothing)",
+          torch.equal(sd["tok_embeddings.weight"], first) and torch.equal(sd["layers.0.attention.wq.weight"], second))
+    check("llama init: std 0.02, norm weights 1",
+          abs(sd["output.weight"].std().item() - 0.02) < 0.001
+          and abs(torch.cat([p.flatten() for n, p in sd.items() if "feed_forward" in n]).std().item() - 0.02) < 0.001
+          and all((p == 1).all().item() for n, p in sd.items() if n.endswith("norm.weight")))
+
+    # RMSNorm against its formula in float64, and in fp32.
+    norm = L.RMSNorm(32, 1e-6).double()
+    with torch.no_grad():
+        norm.weight.add_(0.1 * torch.randn(32, dtype=torch.float64))
+    xx = torch.randn(3, 5, 32, dtype=torch.float64)
+    want = xx / torch.sqrt((xx * xx).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    check("RMSNorm = x / sqrt(mean(x^2) + eps) * w", *close(norm(xx), want, 1e-12))
+    norm32 = L.RMSNorm(32, 1e-6)
+    with torch.no_grad():
+        norm32.weight.copy_(norm.weight)
+    check("RMSNorm in fp32", *close(norm32(xx.float()).double(), want, 1e-5))
+
+    # RoPE: the tables as BluTrain builds them, and the rotation in float64.
+    T, theta = 16, 500.0
+    cos, sin = L.rope_tables(T, D, theta)
+    ok = cos.dtype == torch.float32 and tuple(cos.shape) == (T, D) and tuple(sin.shape) == (T, D)
+    for t in range(T):
+        for i in range(D // 2):
+            inv = np.float32(1.0) / np.float32(theta ** (2 * i / D))  # RopeTables::make, step by step
+            a = float(np.float32(t) * inv)
+            for tab, fn in ((cos, math.cos), (sin, math.sin)):
+                ok = ok and tab[t, i].item() == float(np.float32(fn(a))) and tab[t, i + D // 2].item() == tab[t, i].item()
+    check("RoPE tables: BluTrain's float32 recipe, both halves", ok)
+    x = torch.randn(2, 3, T, D, dtype=torch.float64)
+    got = L.apply_rope(x, cos, sin)
+    want = torch.empty_like(x)
+    for t in range(T):
+        for i in range(D // 2):
+            a = t * theta ** (-2 * i / D)
+            c, s = math.cos(a), math.sin(a)
+            x0, x1 = x[..., t, i], x[..., t, i + D // 2]
+            want[..., t, i] = x0 * c - x1 * s
+            want[..., t, i + D // 2] = x1 * c + x0 * s
+    check("RoPE = rotation of pairs (i, i + D/2) by t theta^(-2i/D)", *close(got, want, 3e-5))
+    check("RoPE: position 0 unchanged", torch.equal(got[..., 0, :], x[..., 0, :]))
+
+    # Grouped-query attention: SDPA = explicit softmax on repeated K/V, fwd and bwd (float64).
+    q = torch.randn(2, H, 7, D, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, Hkv, 7, D, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    y1 = L.causal_attention(q, k, v)
+    g1 = torch.autograd.grad(y1.square().sum(), (q, k, v))
+    y2 = L.causal_attention(q, k, v, explicit=True)
+    g2 = torch.autograd.grad(y2.square().sum(), (q, k, v))
+    how = "enable_gqa" if L.SDPA_GQA else "K/V repeated"
+    check(f"GQA: SDPA ({how}) = explicit softmax (fwd)", *close(y1, y2, 1e-12))
+    check(f"GQA: SDPA ({how}) = explicit softmax (bwd)", all(close(a, b, 1e-11)[0] for a, b in zip(g1, g2)))
+    G = H // Hkv
+    per_head = torch.cat([explicit_causal_attention(q[:, h:h + 1], k[:, h // G:h // G + 1], v[:, h // G:h // G + 1])
+                          for h in range(H)], dim=1)
+    check("GQA: query head h reads K/V head h // (H / Hkv)", *close(y1, per_head, 1e-12))
+
+    # The whole forward and backward against a re-implementation from raw tensors (float64).
+    m64 = build_model(mc).double()
+    L.init_weights(m64, 7)
+    with torch.no_grad():
+        for n, p in m64.named_parameters():  # norm weights other than 1
+            if n.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    P = dict(m64.named_parameters())
+    idx, tgt = torch.randint(0, V, (2, T)), torch.randint(0, V, (2, T))
+
+    def manual_forward(idx):
+        B, T = idx.shape
+        eps = mc["norm_eps"]
+        c, s = m64.rope_cos[:T, :D // 2], m64.rope_sin[:T, :D // 2]  # [T, D/2]: pair i of position t
+        mask = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), diagonal=1)
+
+        def rms(x, w):
+            return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+        def rot(x):  # [B, T, heads, D]
+            x0, x1 = x[..., :D // 2], x[..., D // 2:]
+            cc, ss = c[:, None, :], s[:, None, :]
+            return torch.cat([x0 * cc - x1 * ss, x1 * cc + x0 * ss], dim=-1)
+
+        h = P["tok_embeddings.weight"][idx]
+        for l in range(mc["n_layer"]):
+            p = lambda n: P[f"layers.{l}.{n}"]
+            a = rms(h, p("attention_norm.weight"))
+            qq = rot((a @ p("attention.wq.weight").T).view(B, T, H, D))
+            kk = rot((a @ p("attention.wk.weight").T).view(B, T, Hkv, D))
+            vv = (a @ p("attention.wv.weight").T).view(B, T, Hkv, D)
+            heads = []
+            for hd in range(H):
+                j = hd // (H // Hkv)
+                sc = qq[:, :, hd] @ kk[:, :, j].transpose(-1, -2) / math.sqrt(D) + mask
+                heads.append(torch.softmax(sc, -1) @ vv[:, :, j])
+            h = h + torch.cat(heads, -1) @ p("attention.wo.weight").T
+            f = rms(h, p("ffn_norm.weight"))
+            gate, up = f @ p("feed_forward.w1.weight").T, f @ p("feed_forward.w3.weight").T
+            h = h + (gate / (1 + torch.exp(-gate)) * up) @ p("feed_forward.w2.weight").T
+        return rms(h, P["norm.weight"]) @ P["output.weight"].T
+
+    with torch.no_grad():
+        logits = m64(idx)
+        check("llama: logits shape [B, T, padded_vocab]", tuple(logits.shape) == (2, T, 128))
+        check("llama: forward = manual forward", *close(logits, manual_forward(idx), 1e-10))
+        m64.set_explicit_attention(True)
+        check("llama: forward with SDPA = with explicit attention", *close(m64(idx), logits, 1e-12))
+        m64.set_explicit_attention(False)
+        idx2 = idx.clone()
+        idx2[:, -1] = (idx2[:, -1] + 1) % V
+        check("llama: causal (the last token changes only the last logits)",
+              *close(m64(idx2)[:, :-1], logits[:, :-1], 1e-12))
+    wgt = torch.randn(2, T, 128, dtype=torch.float64)
+    params = list(P.values())
+    ga = torch.autograd.grad((m64(idx) * wgt).sum(), params)
+    gb = torch.autograd.grad((manual_forward(idx) * wgt).sum(), params)
+    check("llama: backward = manual backward", all(close(a, b, 1e-9)[0] for a, b in zip(ga, gb)))
+    m64.zero_grad()
+    m64.loss(m64(idx), tgt).backward()
+    check("llama: every parameter gets a finite, nonzero gradient",
+          all(p.grad is not None and torch.isfinite(p.grad).all().item() and p.grad.abs().sum().item() > 0
+              for p in m64.parameters()))
+    check("llama: padded rows of tok_embeddings and output get no gradient",
+          (P["tok_embeddings.weight"].grad[V:] == 0).all().item() and (P["output.weight"].grad[V:] == 0).all().item())
+
+    # Training in fp32: weight-decay groups, and a few AdamW steps on one batch lower the loss.
+    m32 = build_model(mc)
+    init_model(m32, 1)
+    opt = make_optimizer(m32, 1e-2, 0.1, (0.9, 0.95), 1e-8, torch.device("cpu"))
+    decayed = {id(p) for p in opt.param_groups[0]["params"]}
+    check("llama: weight decay on the embedding, the head and Linear weights only",
+          {n for n, p in m32.named_parameters() if id(p) in decayed} == {n for n, s in param_shapes(mc) if len(s) >= 2})
+    losses = []
+    for _ in range(5):
+        opt.zero_grad(set_to_none=True)
+        loss = m32.loss(m32(idx), tgt)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    check("llama: 5 AdamW steps on one batch lower the loss", losses[-1] < losses[0] - 0.1,
+          " -> ".join(f"{l:.4f}" for l in losses))
+
+    # Weights file: round trip with the `model` attribute; arch and shape strictness.
+    path = os.path.join(tmp, "llama.h5")
+    save_model(m32, path)
+    attrs, text, tensors = read_weights_text(path)
+    check("llama weights: shape attributes", attrs == dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=48,
+                                                           seq_len=16, vocab_size=100, padded_vocab=128,
+                                                           tie_embeddings=0), str(attrs))
+    want_json = ('{"arch":"llama","n_layer":2,"n_head":4,"n_embd":32,"seq_len":16,"vocab_size":100,"n_kv_head":2,'
+                 '"ffn_hidden":48,"rope_theta":500.0,"norm_eps":1e-06,"tie_embeddings":false,"fused_ops":true,'
+                 '"padded_vocab":128}')
+    check("llama weights: `model` attribute = BluTrain's JSON", text == {"model": want_json}, str(text))
+    check("llama weights: tensors in parameter order, bitwise", list(tensors) == names
+          and all(np.array_equal(tensors[n], p.detach().numpy()) for n, p in m32.named_parameters()))
+    other = build_model(mc)
+    load_weights_into(other, path)
+    check("llama weights: load", all(torch.equal(p, q) for p, q in zip(m32.parameters(), other.parameters())))
+    gmc = model_config(dict(n_layer=2, n_head=4, n_embd=32, seq_len=16, vocab_size=100))
+    gpt = build_model(gmc)
+    init_model(gpt, 1)
+    gpath = os.path.join(tmp, "gpt2_for_llama.h5")
+    save_model(gpt, gpath)
+    check("llama weights: a llama file refused by a gpt2 model",
+          refused(lambda: load_weights_into(gpt, path), "holds a llama model, and model.arch is gpt2"))
+    check("llama weights: a gpt2 file refused by a llama model",
+          refused(lambda: load_weights_into(other, gpath), "holds a gpt2 model, and model.arch is llama"))
+    check("llama weights: n_kv_head mismatch refused",
+          refused(lambda: check_weights(path, dict(attrs, n_kv_head=4), tensors, mc, text), "n_kv_head = 4"))
+    no_ffn = {k: a for k, a in attrs.items() if k != "ffn_hidden"}
+    check("llama weights: missing attribute refused",
+          refused(lambda: check_weights(path, no_ffn, tensors, mc, text), "no attribute 'ffn_hidden'"))
+    tm = build_model(tied)
+    init_model(tm, 2)
+    tpath = os.path.join(tmp, "llama_tied.h5")
+    save_model(tm, tpath)
+    tattrs, _, ttensors = read_weights_text(tpath)
+    check("llama weights: tied file has tie_embeddings 1 and no output.weight",
+          tattrs["tie_embeddings"] == 1 and "output.weight" not in ttensors)
+    check("llama weights: tied file refused by the untied model",
+          refused(lambda: load_weights_into(other, tpath), "tie_embeddings = 1"))
 
 
 # ----------------------------------------------------------------------------- attention

@@ -49,7 +49,7 @@ herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* out) 
 }
 
 void write_file(const std::string& tmp, const std::vector<std::pair<std::string, Tensor>>& named,
-                const std::map<std::string, int64_t>& attrs) {
+                const std::map<std::string, int64_t>& attrs, const std::map<std::string, std::string>& text) {
   h5::Id fcpl(BT_H5_CHECK(H5Pcreate(H5P_FILE_CREATE)), H5Pclose);
   BT_H5_CHECK(H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED));
   h5::Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), H5Fclose);
@@ -58,6 +58,7 @@ void write_file(const std::string& tmp, const std::vector<std::pair<std::string,
   h5::write_string_attr(file, "format", kWeightsFormat);
   h5::write_int_attr(file, "version", kWeightsVersion);
   for (const auto& [key, value] : attrs) h5::write_int_attr(file, key, value);
+  for (const auto& [key, value] : text) h5::write_string_attr(file, key, value);
 
   NoGradGuard no_grad;
   for (const auto& [name, t] : named) {
@@ -85,7 +86,8 @@ const Tensor* WeightFile::find(const std::string& name) const {
 }
 
 void save_weights(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& named,
-                  const std::map<std::string, int64_t>& attrs) {
+                  const std::map<std::string, int64_t>& attrs,
+                  const std::map<std::string, std::string>& text) {
   detail::h5_silence_auto_errors();
   std::set<std::string> seen;
   for (const auto& [name, t] : named) {
@@ -102,6 +104,10 @@ void save_weights(const std::string& path, const std::vector<std::pair<std::stri
     BT_CHECK(key != "format" && key != "version", "save_weights('", path, "'): attribute '", key,
              "' is reserved; save_weights writes it itself");
   }
+  for (const auto& [key, value] : text) {
+    BT_CHECK(!key.empty() && key != "format" && key != "version" && attrs.count(key) == 0, "save_weights('",
+             path, "'): text attribute '", key, "' is empty, reserved or also an integer attribute");
+  }
 
   std::error_code ec;
   fs::path parent = fs::path(path).parent_path();
@@ -117,7 +123,7 @@ void save_weights(const std::string& path, const std::vector<std::pair<std::stri
       BT_CHECK(!fs::is_directory(tmp, ec), "cannot write weights file '", path, "': its temporary path '",
                tmp, "' is a directory; remove it");
       tmp_created = true;  // H5Fcreate may create (or truncate) it from here on
-      write_file(tmp, named, attrs);
+      write_file(tmp, named, attrs, text);
     });
     h5::fsync_path(tmp, false);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
@@ -166,9 +172,13 @@ WeightFile load_weights(const std::string& path) {
         has_format = true;
         continue;
       }
+      if (cls == H5T_STRING && npoints == 1) {
+        out.text_attrs[name] = h5::read_string_attr(attr, type);
+        continue;
+      }
       BT_CHECK(cls == H5T_INTEGER && npoints == 1, where, ": attribute '", name, "' is ",
                npoints == 1 ? "a " : "an array of ", class_name(cls), npoints == 1 ? "" : "s",
-               ", but weights files hold only integer scalar attributes");
+               ", but weights files hold only integer and string scalar attributes");
       int64_t v = 0;
       BT_H5_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v));
       if (name == "version") {

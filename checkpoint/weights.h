@@ -9,6 +9,8 @@
 //   - root attributes: string `format` = "blutrain-weights", int64 `version` = 1,
 //     and int64 scalars describing the model (n_layer, n_head, n_embd, seq_len,
 //     vocab_size, padded_vocab for GPT-2);
+//   - string root attributes: `model`, the model's config as JSON
+//     (nn::model_config_json: arch, every model key) since model.arch;
 //   - the root group tracks link creation order, so readers list the datasets in
 //     the order they were written (h5py: File(..., track_order=True)).
 // Files are written to PATH.tmp and renamed, so a reader never sees a partial
@@ -35,6 +37,8 @@ struct WeightFile {
   /// The int64 root attributes other than `format` and `version` (those two are
   /// validated by load_weights and not repeated here).
   std::map<std::string, int64_t> attrs;
+  /// The string root attributes other than `format` (`model`: the config as JSON).
+  std::map<std::string, std::string> text_attrs;
   /// Contiguous CPU f32 tensors, in file order: the order they were written when
   /// the file tracks creation order (save_weights and gpt2_ref.py files do), else
   /// name order.
@@ -44,18 +48,20 @@ struct WeightFile {
   const Tensor* find(const std::string& name) const;
 };
 
-/// Writes `named` (any device; dtype f32 or bf16, saved as f32) and `attrs` (int64
+/// Writes `named` (any device; dtype f32 or bf16, saved as f32), `attrs` (int64
 /// scalar root attributes; `format` and `version` are added and may not be given)
+/// and `text` (string scalar root attributes)
 /// to `path`, atomically: it writes `path + ".tmp"`, fsyncs it and renames it over
 /// `path`. Throws bt::Error for an empty, duplicate or '/'-containing name, another
 /// dtype, a missing parent directory or any HDF5/IO failure; on failure `path` is
 /// left as it was and the temporary file is removed.
 void save_weights(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& named,
-                  const std::map<std::string, int64_t>& attrs);
+                  const std::map<std::string, int64_t>& attrs,
+                  const std::map<std::string, std::string>& text = {});
 
 /// Reads a weights file. Throws bt::Error for a missing file, a file that is not
 /// HDF5 (or is corrupt or truncated), a `format` other than "blutrain-weights", a
-/// newer `version`, an attribute that is not an integer scalar, a root object that
+/// newer `version`, an attribute that is not an integer or string scalar, a root object that
 /// is not a dataset, or a dataset that is not float32.
 WeightFile load_weights(const std::string& path);
 

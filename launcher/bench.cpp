@@ -26,6 +26,7 @@
 #include "runtime/bt.h"
 #include "runtime/core/profiler.h"
 #include "runtime/data/shard.h"
+#include "runtime/nn/registry.h"
 #include "runtime/train/trainer.h"
 
 namespace bt::launcher {
@@ -111,7 +112,7 @@ Side run_reference(const std::string& cmd) {
 
 Side run_blutrain(train::TrainConfig c, int64_t warmup, int64_t steps) {
   c.train.steps = warmup + steps;
-  if (c.train.compile)
+  if (c.train.compile != "false")
     compiler::install_fusion_backend({c.compile.dump, compiler::kernel_cache_dir(c.compile.cache_dir)});
   train::Trainer tr(c);
   for (int64_t i = 0; i < warmup; ++i) {
@@ -180,7 +181,8 @@ int run_bench(int argc, char** argv) {
   cli::Options opts(
       "blutrain bench",
       "Training throughput and peak memory of BluTrain vs the PyTorch reference, side by side.");
-  opts.add_options()("preset", "model preset", cli::value<std::string>()->default_value("gpt2-124m"))(
+  opts.add_options()("preset", "model preset (tiny, gpt2-124m, llama-tiny, llama-150m)",
+                     cli::value<std::string>()->default_value("gpt2-124m"))(
       "precision", "comma-separated: fp32, tf32, fp32x3, bf16 (the references run fp32x3 as strict fp32)",
       cli::value<std::string>()->default_value("bf16,fp32"))("micro-batch", "sequences per step",
                                                              cli::value<int64_t>()->default_value("16"))(
@@ -195,9 +197,10 @@ int run_bench(int argc, char** argv) {
       cli::value<std::string>()->default_value("on"))(
       "variants",
       "comma-separated BluTrain models to measure: fused (the hand-fused ops), primitive (model.fused_ops "
-      "false), each optionally +compile (train.compile true), e.g. fused,primitive,primitive+compile",
-      cli::value<std::string>()->default_value("fused"))("device", "cuda, cuda:N or cpu",
-                                                         cli::value<std::string>()->default_value("auto"))(
+      "false), each optionally +compile (train.compile true), e.g. fused,primitive,primitive+compile; "
+      "a llama model is primitive either way; auto: fused for gpt2, primitive+compile for llama",
+      cli::value<std::string>()->default_value("auto"))("device", "cuda, cuda:N or cpu",
+                                                        cli::value<std::string>()->default_value("auto"))(
       "repeats",
       "runs of each side, BluTrain's and every reference's, interleaved; the table reports the median "
       "tokens/s "
@@ -239,7 +242,7 @@ int run_bench(int argc, char** argv) {
 
   train::TrainConfig c;
   c.preset = preset;
-  c.model = nn::gpt_preset(preset);
+  c.model = nn::model_preset(preset);
   BT_CHECK(T <= c.model.seq_len, "blutrain bench: --seq ", T, " exceeds the preset's context ",
            c.model.seq_len);
   c.model.seq_len = T;
@@ -278,7 +281,9 @@ int run_bench(int argc, char** argv) {
   if (graph_opt != "off") graph_modes.push_back(true);
   if (graph_opt != "on") graph_modes.push_back(false);
   std::vector<std::string> variants;
-  std::stringstream vs(r["variants"].as<std::string>());
+  std::string vlist = r["variants"].as<std::string>();
+  if (vlist == "auto") vlist = c.model.arch == "llama" ? "primitive+compile" : "fused";
+  std::stringstream vs(vlist);
   for (std::string v; std::getline(vs, v, ',');) {
     BT_CHECK(v == "fused" || v == "primitive" || v == "fused+compile" || v == "primitive+compile",
              "blutrain bench --variants: '", v,
@@ -309,7 +314,7 @@ int run_bench(int argc, char** argv) {
     for (size_t run = 0; run < variants.size() * per_variant; ++run) {
       const std::string& variant = variants[run / per_variant];
       c.model.fused_ops = variant.rfind("fused", 0) == 0;
-      c.train.compile = variant.find("+compile") != std::string::npos;
+      c.train.compile = variant.find("+compile") != std::string::npos ? "true" : "false";
       c.train.recompute = recompute_modes[run % per_variant / graph_modes.size()];
       c.train.cuda_graph = graph_modes[run % graph_modes.size()];
       const std::string mode(recompute_name(c.recompute()));

@@ -15,7 +15,7 @@
 #include "launcher/commands.h"
 #include "launcher/model_file.h"
 #include "launcher/progress.h"
-#include "runtime/nn/gpt.h"
+#include "runtime/nn/registry.h"
 
 namespace bt::launcher {
 namespace {
@@ -106,21 +106,15 @@ int verify_all(const std::string& root) {
   return ok ? 0 : 1;
 }
 
-/// The GPT a checkpoint's resolved config describes, on the CPU, holding the
-/// checkpoint's f32 master weights.
-std::unique_ptr<nn::Gpt> model_of(const std::string& dir, const ckpt::Index& idx) {
-  nn::GptConfig c;
-  try {
-    const nlohmann::json& m = idx.config.at("model");
-    c.n_layer = m.at("n_layer").get<int64_t>();
-    c.n_head = m.at("n_head").get<int64_t>();
-    c.n_embd = m.at("n_embd").get<int64_t>();
-    c.seq_len = m.at("seq_len").get<int64_t>();
-    c.vocab_size = m.at("vocab_size").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    BT_FAIL("checkpoint '", dir, "': its config has no usable model section (", e.what(), ")");
-  }
-  auto model = std::make_unique<nn::Gpt>(c, Device::cpu(), 0);
+/// The model a checkpoint's resolved config describes, on the CPU, holding
+/// the checkpoint's f32 master weights.
+std::unique_ptr<nn::Model> model_of(const std::string& dir, const ckpt::Index& idx) {
+  const std::string where = "checkpoint '" + dir + "'";
+  const auto m = idx.config.find("model");
+  BT_CHECK(m != idx.config.end() && m->is_object(), where, ": its config has no model section");
+  const nn::ModelConfig c = nn::model_config_from_json(m->dump(), where);
+  c.validate(where + ": model");
+  auto model = nn::family(c.arch).make(c, Device::cpu(), 0);
   std::vector<dist::StatePiece> pieces;
   for (const auto& [name, t] : model->named_parameters())
     pieces.push_back({"param/" + name, t.shape(), 0, t.numel(), t.reshape({-1})});
@@ -131,8 +125,9 @@ std::unique_ptr<nn::Gpt> model_of(const std::string& dir, const ckpt::Index& idx
 /// llm.c's GPT-2 checkpoint: a 256 x int32 header (magic 20240326, version 3
 /// = float32, maxT, V, L, NH, C, Vp) and the parameters as float32 in llm.c's
 /// order, each kind stacked over the layers.
-void write_llmc(const std::string& path, const nn::Gpt& m) {
-  const nn::GptConfig& c = m.config();
+void write_llmc(const std::string& path, const nn::Model& m) {
+  const nn::ModelConfig& c = m.config();
+  BT_ASSERT(m.arch() == "gpt2", "llm.c's format is GPT-2's");
   std::vector<int32_t> header(256, 0);
   header[0] = 20240326;
   header[1] = 3;
@@ -209,7 +204,9 @@ int run_ckpt(int argc, char** argv) {
   if (verb == "verify") return r.count("all") ? verify_all(a[1]) : verify_path(a[1]);
   const std::string dir = chosen(a[1]);
   const ckpt::Index idx = ckpt::read_index(dir);
-  const std::unique_ptr<nn::Gpt> model = model_of(dir, idx);
+  const std::unique_ptr<nn::Model> model = model_of(dir, idx);
+  BT_CHECK(!r.count("llmc") || model->arch() == "gpt2", "blutrain ckpt export --llmc: llm.c's format holds ",
+           "GPT-2 models only, and this checkpoint holds a ", model->arch(), " model; export without --llmc");
   save_model(a[2], *model);
   std::printf("wrote %s (step %lld)\n", a[2].c_str(), static_cast<long long>(idx.step));
   if (r.count("llmc")) {

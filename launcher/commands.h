@@ -6,7 +6,6 @@
 namespace bt::launcher {
 
 const char* version();
-int run_demo(int argc, char** argv);
 int run_info(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
 int run_train(int argc, char** argv);

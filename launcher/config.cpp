@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <variant>
 
@@ -12,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "kernels/common/error.h"
+#include "runtime/nn/registry.h"
 
 namespace bt::launcher {
 namespace {
@@ -34,15 +36,27 @@ struct Key {
 /// defaults of the other model.* keys); see load_train_config.
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
-      BT_KEY("model.preset", preset, "tiny | gpt2-124m: defaults for the other model.* keys"),
+      BT_KEY(
+          "model.preset", preset,
+          "tiny | gpt2-124m | llama-tiny | llama-150m: defaults for the other model.* keys (and model.arch)"),
+      BT_KEY("model.arch", model.arch,
+             "gpt2 | llama: the model family (alone, it picks the family's small preset: tiny, llama-tiny)"),
       BT_KEY("model.n_layer", model.n_layer, "transformer blocks"),
       BT_KEY("model.n_head", model.n_head, "attention heads (must divide n_embd)"),
       BT_KEY("model.n_embd", model.n_embd, "model width"),
       BT_KEY("model.seq_len", model.seq_len, "context length T (training sequence length)"),
       BT_KEY("model.vocab_size", model.vocab_size, "real vocabulary (padded to a multiple of 128)"),
+      BT_KEY("model.n_kv_head", model.n_kv_head,
+             "llama: K/V heads of grouped-query attention (must divide n_head; 0: n_head)"),
+      BT_KEY("model.ffn_hidden", model.ffn_hidden,
+             "llama: SwiGLU hidden width (0: 8 n_embd / 3 rounded up to a multiple of 64)"),
+      BT_KEY("model.rope_theta", model.rope_theta, "llama: RoPE base"),
+      BT_KEY("model.norm_eps", model.norm_eps, "epsilon of LayerNorm (gpt2) and RMSNorm (llama)"),
+      BT_KEY("model.tie_embeddings", model.tie_embeddings,
+             "the LM head is the token embedding (gpt2: always; llama presets: false)"),
       BT_KEY("model.fused_ops", model.fused_ops,
-             "false: the same model written from primitive ops (LayerNorm, GELU, bias and residual adds), "
-             "for train.compile to fuse"),
+             "gpt2: false = the same model written from primitive ops (LayerNorm, GELU, bias and residual "
+             "adds), for train.compile to fuse (llama's glue is always primitive ops)"),
       BT_KEY("data.train", data.train, "glob of llm.c token shards to train on"),
       BT_KEY("data.val", data.val, "glob of validation shards (empty: no validation)"),
       BT_KEY("data.shuffle", data.shuffle, "shuffle training windows each epoch"),
@@ -67,8 +81,8 @@ const std::vector<Key>& keys() {
       BT_KEY("train.cuda_graph", train.cuda_graph,
              "CUDA: after two eager steps, capture the step as a CUDA graph and replay it (one process)"),
       BT_KEY("train.compile", train.compile,
-             "fuse the step's elementwise and reduction regions into compiled kernels (needs MLIR 19; "
-             "BT_COMPILE=0 turns it off; see docs/compiler.md)"),
+             "auto | true | false: fuse the step's elementwise and reduction regions into compiled kernels "
+             "(needs MLIR 19; BT_COMPILE=0 turns it off; see docs/compiler.md); auto: on for llama on CUDA"),
       BT_KEY("train.seed", train.seed, "seed of the init, the data order and sampling"),
       BT_KEY("train.eval_every", train.eval_every, "steps between validation passes (0: at the end only)"),
       BT_KEY("train.eval_batches", train.eval_batches, "micro-batches per validation pass"),
@@ -209,7 +223,7 @@ std::vector<std::pair<std::string, YAML::Node>> flatten(const YAML::Node& root, 
 train::TrainConfig embedded_default() {
   TrainConfig c;
   c.preset = "tiny";
-  c.model = nn::gpt_preset("tiny");
+  c.model = nn::model_preset("tiny");
   c.data.train = "data/jargon/tok/prose_train_*.bin";  // made by scripts/prepare-jargon
   c.data.val = "data/jargon/tok/prose_val_*.bin";
   // Sized for a 2-core CPU: 250 steps of 8 x 256 tokens (~6 minutes at ~1.5K
@@ -259,15 +273,35 @@ train::TrainConfig load_train_config(const std::string& path, const std::vector<
   }
 
   TrainConfig c = embedded_default();
-  // model.preset first: it resets the model.* defaults that later keys override.
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (entries[i].first != "model.preset") continue;
-    assign(c, *find_key("model.preset"), entries[i].second, origin[i]);
+  // model.preset first: it resets the model.* defaults that later keys
+  // override. Without one, model.arch picks its family's first preset.
+  const auto last_of = [&](const char* key) {
+    std::optional<size_t> at;
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].first == key) at = i;
+    return at;
+  };
+  const std::optional<size_t> preset_at = last_of("model.preset"), arch_at = last_of("model.arch");
+  if (preset_at || arch_at) {
+    const size_t i = preset_at ? *preset_at : *arch_at;
+    std::string arch;
+    if (arch_at) {
+      TrainConfig probe;
+      assign(probe, *find_key("model.arch"), entries[*arch_at].second, origin[*arch_at]);
+      arch = probe.model.arch;
+    }
     try {
-      c.model = nn::gpt_preset(c.preset);
+      if (preset_at)
+        assign(c, *find_key("model.preset"), entries[i].second, origin[i]);
+      else
+        c.preset = nn::family(arch).presets.front().first;
+      c.model = nn::model_preset(c.preset);
     } catch (const Error& e) {
       BT_FAIL(e.what(), " (in ", origin[i], ")");
     }
+    BT_CHECK(!arch_at || arch == c.model.arch, "model.arch=", arch, " (in ", origin[*arch_at],
+             ") does not match model.preset=", c.preset, ", a ", c.model.arch, " preset; choose a ", arch,
+             " preset or drop one of the two");
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     const Key* k = find_key(entries[i].first);

@@ -14,7 +14,7 @@ void usage() {
   std::printf(
       "usage: blutrain <command> [options]\n\n"
       "commands:\n"
-      "  train     train a GPT on token shards (no --config: the embedded tiny default)\n"
+      "  train     train a model (GPT-2, Llama) on token shards (no --config: the embedded tiny default)\n"
       "  sample    sample text from a weights file written by train\n"
       "  tokenize  GPT-2-tokenize text files into llm.c token shards (PREFIX_{val,train}_*.bin)\n"
       "  bench     training throughput and memory vs the PyTorch reference, side by side\n"
@@ -22,7 +22,6 @@ void usage() {
       "  ckpt      list, inspect, verify or export checkpoints (ckpt ls|inspect|verify|export)\n"
       "  slurm     render or submit the sbatch script of a job spec (slurm render|submit JOBSPEC)\n"
       "  k8s       render the Kubernetes manifests of a job spec (k8s render JOBSPEC)\n"
-      "  demo      train a small character-level GPT on a text file and print a sample\n"
       "  info      show the build (CUDA, MPI, MLIR) and the devices found\n"
       "  version   print the version\n\n"
       "Run `blutrain <command> --help` for a command's options.\n");
@@ -45,7 +44,6 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") return bt::launcher::run_ckpt(argc - 1, argv + 1);
     if (cmd == "slurm") return bt::launcher::run_slurm(argc - 1, argv + 1);
     if (cmd == "k8s") return bt::launcher::run_k8s(argc - 1, argv + 1);
-    if (cmd == "demo") return bt::launcher::run_demo(argc - 1, argv + 1);
     if (cmd == "info") return bt::launcher::run_info(argc - 1, argv + 1);
     if (cmd == "version" || cmd == "--version") {
       std::printf("blutrain %s\n", bt::launcher::version());

@@ -31,7 +31,7 @@ std::string probe_write(const fs::path& dir) {
 
 }  // namespace
 
-uint64_t checkpoint_bytes(const nn::GptConfig& c) {
+uint64_t checkpoint_bytes(const nn::ModelConfig& c) {
   return static_cast<uint64_t>(c.num_params()) * 3 * sizeof(float);
 }
 

@@ -23,7 +23,7 @@ namespace bt::launcher {
 
 /// Bytes one checkpoint of `c`'s model holds on disk, at least: the f32
 /// parameters and AdamW's two f32 moments (metadata is small beside them).
-uint64_t checkpoint_bytes(const nn::GptConfig& c);
+uint64_t checkpoint_bytes(const nn::ModelConfig& c);
 
 /// Throws bt::Error naming checkpoint.dir when `free_bytes` cannot hold
 /// `need` bytes (a tenth more for slack).

@@ -1,4 +1,4 @@
-// `blutrain train`: trains a GPT from a YAML config (or the embedded `tiny`
+// `blutrain train`: trains a model (model.arch) from a YAML config (or the embedded `tiny`
 // default) with live progress, periodic validation, a metrics JSONL file, a
 // final sample and a summary. Under mpirun (or `blutrain launch`) every rank
 // runs this; rank 0 prints and writes the files, the others print only errors
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -39,8 +40,8 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   cli::Options opts("blutrain train",
-                    "Train a GPT on token shards. Without --config: the embedded default (the `tiny` preset "
-                    "on the jargon corpus, made by `scripts/quickstart`).");
+                    "Train a model (model.arch: gpt2, llama) on token shards. Without --config: the embedded "
+                    "default (the `tiny` preset on the jargon corpus, made by `scripts/quickstart`).");
   opts.add_options()("c,config", "YAML config file (see configs/)", cli::value<std::string>())(
       "s,set", "override a key: section.key=value (repeatable)", cli::value<std::vector<std::string>>())(
       "metrics", "write one JSON object per step to this file (same as train.metrics)",
@@ -113,7 +114,7 @@ int run_train(int argc, char** argv) {
   }
 
   // train.compile: the compiler's backend, before the Trainer asks for it (docs/compiler.md).
-  if (cfg.train.compile)
+  if (cfg.train.compile != "false")
     compiler::install_fusion_backend({cfg.compile.dump, compiler::kernel_cache_dir(cfg.compile.cache_dir)});
   // Initial weights go in before the strategy takes the parameters over.
   auto trainer = std::make_unique<train::Trainer>(cfg, [&](nn::Model& m) {
@@ -124,17 +125,22 @@ int run_train(int argc, char** argv) {
   nn::Model& model = tr.model();
   cfg = tr.config();  // the micro-batch this rank count runs (Note [Batch split])
 
-  const nn::GptConfig& mc = cfg.model;
+  const nn::ModelConfig& mc = cfg.model;
   const train::TrainOptions& t = cfg.train;
   const TokenLoader& data = tr.train_loader();
   int64_t data_tokens = 0;
   for (const ShardInfo& s : data.shards()) data_tokens += s.num_tokens;
+  const std::map<std::string, int64_t> shape = model.shape_attrs();
+  const std::string heads = mc.kv_heads() == mc.n_head ? cat(mc.n_head, " heads")
+                                                       : cat(mc.n_head, " heads (", mc.kv_heads(), " K/V)");
+  const std::string ffn = shape.count("ffn_hidden") ? cat(", MLP ", shape.at("ffn_hidden")) : "";
   std::printf(
-      "blutrain train: %s (%d layers, %d heads, width %d, context %d, vocab %d padded to %d): %.2fM "
+      "blutrain train: %s (%s: %d layers, %s, width %d%s, context %d, vocab %d padded to %d): %.2fM "
       "parameters\n",
-      o.config.empty() ? "embedded default, preset tiny"
-                       : ("config " + o.config + ", preset " + cfg.preset).c_str(),
-      static_cast<int>(mc.n_layer), static_cast<int>(mc.n_head), static_cast<int>(mc.n_embd),
+      (o.config.empty() ? "embedded default, preset " + cfg.preset
+                        : "config " + o.config + ", preset " + cfg.preset)
+          .c_str(),
+      mc.arch.c_str(), static_cast<int>(mc.n_layer), heads.c_str(), static_cast<int>(mc.n_embd), ffn.c_str(),
       static_cast<int>(mc.seq_len), static_cast<int>(mc.vocab_size), static_cast<int>(mc.padded_vocab()),
       static_cast<double>(mc.num_params()) / 1e6);
   std::printf("  device %s, precision %s | data: %zu shard(s), %.2fM tokens, %lld batches/epoch%s\n",

@@ -9,7 +9,7 @@
 // [r*S_u, (r+1)*S_u). Between steps a rank holds, per unit, its f32 master
 // shard, its gradient shard and AdamW's m and v for it: 4 * S_u floats.
 // Under bf16 the parameters the model uses in f32 (ParamSpec::keep_f32: GPT's
-// LayerNorm affine, Note [f32 LayerNorm parameters] in runtime/nn/gpt.h) are
+// LayerNorm affine, Note [f32 LayerNorm parameters] in runtime/nn/gpt2/gpt.h) are
 // a second part of their unit, with a flat layout, shards and a compute
 // buffer of their own, gathered in f32 beside the bf16 part: a unit is then
 // two small all-gathers, and every "unit" below means all of its parts.

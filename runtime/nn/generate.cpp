@@ -7,6 +7,7 @@
 
 #include "kernels/common/error.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/nn/kv_cache.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt::nn {
@@ -21,11 +22,26 @@ std::vector<int32_t> generate(const Model& model, const std::vector<int32_t>& pr
   const int64_t vocab = model.vocab_size();
   std::vector<double> p(static_cast<size_t>(vocab));
   std::vector<int32_t> order(p.size());
-  for (int64_t i = 0; i < o.tokens; ++i) {
+  KvCache cache(model.config(), 1);
+  // The logits of the last position of ctx: the window's, or (the cache
+  // holds all of ctx but its last token, and the window starts at 0) the
+  // new token's through the cache.
+  auto last_logits = [&]() {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(ctx.size()), model.context());
-    const std::vector<int32_t> window(ctx.end() - n, ctx.end());
-    Tensor logits = model.forward(from_vector<int32_t>(window, {1, n}).to(model.device()));
-    const std::vector<float> last = logits.select(1, n - 1).to(DType::F32).to_vector<float>();
+    const auto ids = [&](int64_t k) {
+      return from_vector<int32_t>(std::vector<int32_t>(ctx.end() - k, ctx.end()), {1, k}).to(model.device());
+    };
+    Tensor logits;
+    if (!o.kv_cache || static_cast<int64_t>(ctx.size()) > model.context()) {
+      logits = model.forward(ids(n));
+    } else {
+      if (cache.length() != static_cast<int64_t>(ctx.size()) - 1) cache.clear();
+      logits = model.forward_cached(ids(static_cast<int64_t>(ctx.size()) - cache.length()), cache);
+    }
+    return logits.select(1, logits.size(1) - 1).to(DType::F32).to_vector<float>();
+  };
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    const std::vector<float> last = last_logits();
     const float mx = *std::max_element(last.begin(), last.begin() + vocab);
     for (size_t k = 0; k < p.size(); ++k) p[k] = std::exp((last[k] - mx) / o.temperature);
     if (o.top_k > 0 && o.top_k < vocab) {

@@ -1,5 +1,8 @@
-// Autoregressive sampling from a model (no KV cache yet: each new token runs
-// the model over the last context() tokens, which is enough for demos and tests).
+// Autoregressive sampling from a model. With the KV cache (the default) the
+// prompt runs through the model once and each new token once more
+// (Model::forward_cached); once the sequence outgrows context(), each token
+// runs the model over the last context() tokens again, as full recomputation
+// does, so both give the same tokens.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@ struct SampleOptions {
   double temperature = 0.8;  // > 0
   int64_t top_k = 40;        // 0 = whole vocabulary
   uint64_t seed = 1337;
+  bool kv_cache = true;  // false: every token recomputes the whole window (the reference)
 };
 
 /// Continues `prompt` (non-empty) and returns only the new tokens. Draws are

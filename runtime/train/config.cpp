@@ -31,6 +31,11 @@ Recompute TrainConfig::recompute() const {
   return parse_precision(train.precision) == Precision::BF16 ? Recompute::Selective : Recompute::None;
 }
 
+bool TrainConfig::compile_on(bool cuda) const {
+  if (train.compile != "auto") return train.compile == "true";
+  return cuda && model.arch == "llama";
+}
+
 int64_t TrainConfig::micro_batch_for(int world) const {
   BT_CHECK(world >= 1, "the rank count must be >= 1, got ", world);
   BT_CHECK(train.batch_size > 0 && train.micro_batch > 0, "train.batch_size (", train.batch_size,
@@ -98,6 +103,8 @@ void TrainConfig::validate(int world) const {
       BT_FAIL("train.recompute: ", e.what(), " (or auto)");
     }
   }
+  BT_CHECK(t.compile == "auto" || t.compile == "true" || t.compile == "false", "train.compile must be auto, ",
+           "true or false, got '", t.compile, "'");
   non_negative("train.eval_every", static_cast<double>(t.eval_every));
   positive("train.eval_batches", static_cast<double>(t.eval_batches));
   positive("train.log_every", static_cast<double>(t.log_every));

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "runtime/autograd/recompute.h"
-#include "runtime/nn/gpt.h"
+#include "runtime/nn/model_config.h"
 
 namespace bt::train {
 
@@ -34,7 +34,9 @@ struct TrainOptions {
   std::string precision = "fp32";  // fp32 | tf32 | fp32x3 | bf16
   std::string recompute = "auto";  // auto | none | selective | full (Note [Recompute defaults])
   bool cuda_graph = true;  // CUDA: replay each step as one captured graph (Note [Whole-step CUDA graphs])
-  bool compile = false;    // fuse the step's elementwise and reduction regions (Note [Lazy fusion])
+  // auto | true | false: fuse the step's elementwise and reduction regions
+  // (Note [Lazy fusion]); auto = on for llama models on CUDA (compile_on()).
+  std::string compile = "auto";
   uint64_t seed = 1337;
   int64_t eval_every = 100;  // steps; 0 = only at the end (if data.val is set)
   int64_t eval_batches = 20;
@@ -77,7 +79,7 @@ struct DistOptions {
 
 struct TrainConfig {
   std::string preset = "tiny";
-  nn::GptConfig model;
+  nn::ModelConfig model;
   DataConfig data;
   TrainOptions train;
   DistOptions dist;
@@ -90,6 +92,9 @@ struct TrainConfig {
   int64_t micro_batch_for(int world = 1) const;
   /// train.recompute with `auto` resolved for train.precision (Note [Recompute defaults]).
   Recompute recompute() const;
+  /// train.compile with `auto` resolved for the model and the device: on for
+  /// llama on CUDA (its glue is primitive ops, slow unfused), else off.
+  bool compile_on(bool cuda) const;
   /// Micro-batches per rank per optimizer step for `world` ranks:
   /// train.batch_size / (micro_batch_for(world) x world).
   int64_t grad_accum(int world = 1) const;

@@ -13,9 +13,11 @@
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/compile/fusion_backend.h"
 #include "runtime/compile/lazy.h"
+#include "runtime/core/precision.h"
 #include "runtime/core/profiler.h"
 #include "runtime/core/stream.h"
 #include "runtime/dist/world.h"
+#include "runtime/nn/registry.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/optim/clip.h"
 #include "runtime/tensor/factory.h"
@@ -109,7 +111,7 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& 
   if (!cfg_.data.val.empty())
     val_ = std::make_unique<TokenLoader>(cfg_.data.val, t.micro_batch, T, rank_, world_, t.seed,
                                          /*shuffle=*/false);
-  model_ = std::make_unique<nn::Gpt>(cfg_.model, device_, t.seed);
+  model_ = nn::make_model(cfg_.model, device_, t.seed);
   model_->set_recompute(cfg_.recompute());
   if (init) init(*model_);
   dist::StrategyOptions so;
@@ -155,7 +157,7 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& 
   if (cuda && t.cuda_graph && !graph_off_.empty()) notice_ = "CUDA graphs off: " + graph_off_;
   // train.compile (Note [Lazy fusion] in runtime/compile/lazy.h): the step's
   // fusible ops are recorded and computed as compiled fusion groups.
-  if (t.compile) {
+  if (cfg_.compile_on(cuda)) {
     const char* env = std::getenv("BT_COMPILE");
     const std::string why = env && std::string(env) == "0" ? std::string("BT_COMPILE=0 is set")
                                                            : fusion::backend()->unavailable(device_);

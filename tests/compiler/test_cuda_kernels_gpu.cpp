@@ -207,7 +207,7 @@ TEST(CudaTrainCompile, GivesTheEagerLossesOnTheGpu) {
         c.train.micro_batch = 4;
         c.train.lr = 3e-3;
         c.train.warmup_steps = 3;
-        c.train.compile = compile;
+        c.train.compile = compile ? "true" : "false";
         c.train.precision = precision;
         return c;
       };

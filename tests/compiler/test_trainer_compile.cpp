@@ -45,7 +45,7 @@ class TrainerCompile : public ::testing::Test {
     c.train.micro_batch = 4;  // two micro-batches: accumulation runs too
     c.train.lr = 3e-3;
     c.train.warmup_steps = 3;
-    c.train.compile = compile;
+    c.train.compile = compile ? "true" : "false";
     return c;
   }
   test::TempDir dir_{"bt_trainer_compile"};

@@ -126,6 +126,39 @@ TEST_F(ConfigTest, ImpossibleValuesAreNamed) {
   EXPECT_NE(e.find("train.warmup_steps must be >= 0"), std::string::npos) << e;
 }
 
+// model.arch alone picks its family's small preset; with a preset of another
+// family it is an error naming both; the llama keys reach the model, and an
+// invalid combination names its keys.
+TEST_F(ConfigTest, ModelArchPicksTheFamily) {
+  train::TrainConfig c = load_train_config("", {"model.arch=llama"});
+  EXPECT_EQ(c.preset, "llama-tiny");
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  c = load_train_config(yaml("model:\n  preset: llama-150m\n  n_kv_head: 12\n  rope_theta: 500000\n"), {});
+  EXPECT_EQ(c.model.n_kv_head, 12);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.n_embd, 768);
+  EXPECT_EQ(load_train_config("", {"model.preset=llama-tiny", "model.arch=llama"}).model.n_layer, 4);
+  std::string e = error_of("", {"model.preset=gpt2-124m", "model.arch=llama"});
+  EXPECT_NE(e.find("model.arch=llama (in --set model.arch=llama) does not match model.preset=gpt2-124m"),
+            std::string::npos)
+      << e;
+  e = error_of("", {"model.arch=rwkv"});
+  EXPECT_NE(e.find("unknown architecture 'rwkv'; choose one of: gpt2, llama"), std::string::npos) << e;
+  e = error_of("", {"model.arch=llama", "model.n_kv_head=3"});
+  EXPECT_NE(e.find("model.n_kv_head (3) must divide model.n_head (4)"), std::string::npos) << e;
+  e = error_of("", {"model.n_kv_head=2"});
+  EXPECT_NE(e.find("model.n_kv_head (2) applies to model.arch=llama"), std::string::npos) << e;
+  e = error_of("", {"train.compile=maybe"});
+  EXPECT_NE(e.find("train.compile must be auto, true or false"), std::string::npos) << e;
+  // train.compile=auto: on for llama on CUDA only.
+  EXPECT_TRUE(load_train_config("", {"model.arch=llama"}).compile_on(true));
+  EXPECT_FALSE(load_train_config("", {"model.arch=llama"}).compile_on(false));
+  EXPECT_FALSE(load_train_config("", {}).compile_on(true));
+  EXPECT_TRUE(load_train_config("", {"train.compile=true"}).compile_on(false));
+}
+
 TEST_F(ConfigTest, EveryPrecisionParsesAndABadOneListsThem) {
   for (const char* p : {"fp32", "tf32", "fp32x3", "bf16"}) {
     EXPECT_EQ(load_train_config("", {std::string("train.precision=") + p}).train.precision, p);
@@ -146,7 +179,7 @@ TEST_F(ConfigTest, BadFilesAreNamed) {
 }
 
 TEST_F(ConfigTest, CommittedConfigsLoad) {
-  for (const char* name : {"tiny", "gpt2-124m"}) {
+  for (const char* name : {"tiny", "gpt2-124m", "llama-tiny", "llama-150m"}) {
     const train::TrainConfig c = load_train_config(test::source_dir() + "/configs/" + name + ".yaml", {});
     EXPECT_EQ(c.preset, name);
   }

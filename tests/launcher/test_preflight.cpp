@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "launcher/preflight.h"
+#include "runtime/nn/registry.h"
 #include "tests/support/error_message.h"
 #include "tests/support/temp_dir.h"
 
@@ -13,9 +14,9 @@ namespace bt::launcher {
 namespace {
 
 TEST(Preflight, ACheckpointIsTheParametersAndBothMomentsInF32) {
-  const nn::GptConfig tiny = nn::gpt_preset("tiny");
+  const nn::ModelConfig tiny = nn::model_preset("tiny");
   EXPECT_EQ(checkpoint_bytes(tiny), static_cast<uint64_t>(tiny.num_params()) * 12);
-  EXPECT_GT(checkpoint_bytes(nn::gpt_preset("gpt2-124m")), 1'400'000'000u);  // 124M x 12 bytes
+  EXPECT_GT(checkpoint_bytes(nn::model_preset("gpt2-124m")), 1'400'000'000u);  // 124M x 12 bytes
 }
 
 TEST(Preflight, TooLittleRoomForACheckpointNamesTheFolderAndTheSizes) {

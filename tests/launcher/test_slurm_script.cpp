@@ -93,6 +93,27 @@ TEST_F(SlurmScript, TheEmbeddedConfigReadsBackToTheResolvedOne) {
   EXPECT_EQ(config_to_json(back, 16), config_to_json(s.train, 16));
 }
 
+// A Llama job: the model's family and its keys travel in the embedded config.
+TEST_F(SlurmScript, ALlamaJobsConfigReadsBackWithItsFamily) {
+  std::ofstream(dir_.file("llama.yaml"))
+      << "model:\n  preset: llama-150m\n  n_kv_head: 2\n  rope_theta: 500000\n"
+         "data:\n  train: /data/fineweb_train_*.bin\n"
+         "train:\n  batch_size: 512\n  micro_batch: 16\n";
+  std::string job = kGpuJob;
+  job.replace(job.find("config: gpt2.yaml"), 17, "config: llama.yaml");
+  const JobSpec s = load_job_spec(spec(job));
+  EXPECT_EQ(s.train.model.arch, "llama");
+  const std::string text = render_sbatch(s);
+  const size_t begin = text.find("<<'BT_CONFIG_EOF'\n") + 18, end = text.find("BT_CONFIG_EOF\n", begin);
+  ASSERT_LT(begin, end);
+  std::ofstream(dir_.file("embedded.yaml")) << text.substr(begin, end - begin);
+  const train::TrainConfig back = load_train_config(dir_.file("embedded.yaml"), {}, 16);
+  EXPECT_EQ(back.model.arch, "llama");
+  EXPECT_EQ(back.model.n_kv_head, 2);
+  EXPECT_EQ(back.model.rope_theta, 500000.0);
+  EXPECT_EQ(config_to_json(back, 16), config_to_json(s.train, 16));
+}
+
 TEST_F(SlurmScript, ACpuJobUnderMpirunPassesItsEnvironmentToEveryRank) {
   const JobSpec s = load_job_spec(
       spec("name: tiny\nnodes: 1\nranks_per_node: 2\nexecutable: /opt/bt/blutrain\ncheckpoint_dir: /tmp/ck\n"

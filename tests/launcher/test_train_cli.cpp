@@ -181,5 +181,35 @@ TEST_F(TrainCli, SampleFromSavedWeights) {
   EXPECT_EQ(again.output, r.output) << "sampling with the same seed must repeat";
 }
 
+// A Llama's weights file names its family: it initializes a Llama run, a
+// GPT-2 run refuses it by architecture, `sample` rebuilds the Llama from it,
+// and a Llama checkpoint exports to HDF5 but not to llm.c's GPT-2 format.
+TEST_F(TrainCli, LlamaWeightsCheckpointsAndSamples) {
+  const std::string llama = base_ + " --set model.arch=llama --set model.n_head=4 --set model.n_kv_head=2";
+  ASSERT_EQ(run(llama + " --set train.steps=2 --save-weights " + dir_.file("l.h5") +
+                " --set checkpoint.dir=" + dir_.file("ck"))
+                .status,
+            0);
+  Result r = run(llama + " --set train.steps=1 --init-weights " + dir_.file("l.h5"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run(base_ + " --set train.steps=1 --init-weights " + dir_.file("l.h5"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("it holds a llama model, and model.arch is gpt2"), std::string::npos) << r.output;
+  r = run("ckpt export " + dir_.file("ck") + " " + dir_.file("e.h5") + " --llmc " + dir_.file("e.bin"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("llm.c's format holds GPT-2 models only"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("e.h5"))) << "nothing is written before the refusal";
+  r = run("ckpt export " + dir_.file("ck") + " " + dir_.file("e.h5"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(llama + " --set train.steps=1 --init-weights " + dir_.file("e.h5"));
+  EXPECT_EQ(r.status, 0) << "the export initializes a Llama run\n" << r.output;
+
+  const std::string tok = test::data_dir() + "/tokenizer";
+  BT_NEED_FETCHED(tok + "/encoder.json", "tokenizer");
+  r = run("sample --weights " + dir_.file("l.h5") + " --tokenizer " + tok + " --tokens 12 --prompt '!'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("---- sample (12 tokens"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace bt

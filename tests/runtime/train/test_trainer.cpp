@@ -60,7 +60,7 @@ class TrainerTest : public ::testing::Test {
 TEST_F(TrainerTest, CompileWithoutACompilerSaysItIsUnavailable) {
   // This program installs no fusion backend: the runtime's no-op one.
   TrainConfig c = config();
-  c.train.compile = true;
+  c.train.compile = "true";
   Trainer t(c);
   const std::string notice = t.take_notice();
   EXPECT_NE(notice.find("train.compile: off, the step runs eagerly: no compiler is available"),

@@ -1,5 +1,7 @@
-// GPT model: parameter layout and init statistics, causality, the padded
-// vocabulary, presets and argument errors.
+// GPT-2: parameter layout and init statistics, the preset, bf16 casts, the
+// fused residuals, the chunked head and the primitive-op model. What every
+// family owes (causality, the padded vocabulary, recompute, errors) is in
+// tests/runtime/nn/test_families.cpp.
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -10,13 +12,14 @@
 
 #include "runtime/autograd/meta.h"
 #include "runtime/bt.h"
-#include "runtime/nn/gpt.h"
+#include "runtime/nn/gpt2/gpt.h"
+#include "runtime/nn/registry.h"
 
 namespace bt::nn {
 namespace {
 
-GptConfig small() {
-  GptConfig c;
+ModelConfig small() {
+  ModelConfig c;
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 16;
@@ -36,7 +39,7 @@ double stddev(const Tensor& t) {
 }
 
 TEST(Gpt, ParameterNamesShapesAndCount) {
-  const GptConfig c = small();
+  const ModelConfig c = small();
   Gpt m(c, Device::cpu(), 1);
   const NamedTensors& p = m.named_parameters();
   ASSERT_EQ(p.size(), 2u + 12u * 2 + 2u);
@@ -59,15 +62,15 @@ TEST(Gpt, ParameterNamesShapesAndCount) {
 }
 
 TEST(Gpt, Gpt2PresetHas124MParameters) {
-  const GptConfig c = gpt_preset("gpt2-124m");
+  const ModelConfig c = model_preset("gpt2-124m");
   EXPECT_EQ(c.padded_vocab(), 50304);
   // 124,475,904 with the 50304-row padded embedding (124.44M with 50257 rows).
   EXPECT_EQ(c.num_params(), 124475904);
-  EXPECT_THROW(gpt_preset("gpt5"), Error);
+  EXPECT_THROW(model_preset("gpt5"), Error);
 }
 
 TEST(Gpt, InitFollowsGpt2) {
-  GptConfig c = small();
+  ModelConfig c = small();
   c.n_embd = 64;
   c.vocab_size = 1000;
   Gpt m(c, Device::cpu(), 7);
@@ -87,81 +90,6 @@ TEST(Gpt, InitFollowsGpt2) {
             same.named_parameters()[0].second.to_vector<float>());
   EXPECT_NE(m.named_parameters()[0].second.to_vector<float>(),
             other.named_parameters()[0].second.to_vector<float>());
-}
-
-TEST(Gpt, LossAtInitIsNearUniform) {
-  GptConfig c = small();
-  c.vocab_size = 1000;
-  Gpt m(c, Device::cpu(), 3);
-  std::vector<int32_t> x(4 * 12), y(4 * 12);
-  for (size_t i = 0; i < x.size(); ++i)
-    x[i] = static_cast<int32_t>(i * 37 % 1000), y[i] = static_cast<int32_t>(i * 91 % 1000);
-  const double l = m.loss(ids(x, 4, 12), ids(y, 4, 12)).item<float>();
-  EXPECT_NEAR(l, std::log(1000.0), 0.1);
-}
-
-TEST(Gpt, LogitsAreCausal) {
-  Gpt m(small(), Device::cpu(), 5);
-  std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = a;
-  b[5] = 40;  // change position 5 only
-  const Tensor la = m.forward(ids(a, 1, 8)), lb = m.forward(ids(b, 1, 8));
-  for (int64_t t = 0; t < 8; ++t) {
-    const std::vector<float> ra = la.select(1, t).to_vector<float>(), rb = lb.select(1, t).to_vector<float>();
-    if (t < 5)
-      EXPECT_EQ(ra, rb) << "position " << t << " saw a later token";
-    else
-      EXPECT_NE(ra, rb) << "position " << t << " ignored token 5";
-  }
-}
-
-TEST(Gpt, PaddedVocabularyRowsDoNotChangeTheLoss) {
-  Gpt m(small(), Device::cpu(), 9);
-  std::vector<int32_t> x = {1, 2, 3, 4, 5, 6}, y = {2, 3, 4, 5, 6, 7};
-  const float before = m.loss(ids(x, 1, 6), ids(y, 1, 6)).item<float>();
-  {
-    NoGradGuard ng;
-    m.named_parameters()[0].second.narrow(0, 50, 78).fill_(3.0);  // rows 50..127 are padding
-  }
-  const Tensor loss = m.loss(ids(x, 1, 6), ids(y, 1, 6));
-  EXPECT_EQ(loss.item<float>(), before);
-  loss.backward();
-  const std::vector<float> g =
-      m.named_parameters()[0].second.grad().narrow(0, 50, 78).contiguous().to_vector<float>();
-  for (float v : g) ASSERT_EQ(v, 0.0f) << "a padded row got a gradient from the loss";
-}
-
-TEST(Gpt, EveryParameterGetsAGradient) {
-  Gpt m(small(), Device::cpu(), 11);
-  std::vector<int32_t> x = {1, 2, 3, 4, 5, 6, 7, 8}, y = {2, 3, 4, 5, 6, 7, 8, 9};
-  m.loss(ids(x, 2, 4), ids(y, 2, 4)).backward();
-  for (const auto& [name, t] : m.named_parameters()) {
-    ASSERT_TRUE(t.grad().defined()) << name;
-    const std::vector<float> g = t.grad().to_vector<float>();
-    double s = 0;
-    for (float v : g) s += std::fabs(v);
-    EXPECT_GT(s, 0.0) << name;
-    EXPECT_TRUE(std::isfinite(s)) << name;
-  }
-}
-
-// train.recompute trades compute for memory, never the result: on the CPU in
-// f32 (where the fused GELU epilogue and the GELU kernel agree) the loss and
-// every gradient are the same bits in all three modes.
-TEST(Gpt, RecomputeModesGiveTheSameLossAndGradients) {
-  std::vector<int32_t> x = {1, 2, 3, 4, 5, 6, 7, 8}, y = {2, 3, 4, 5, 6, 7, 8, 9};
-  std::vector<std::vector<float>> ref;
-  for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-    Gpt m(small(), Device::cpu(), 11);
-    m.set_recompute(mode);
-    const Tensor loss = m.loss(ids(x, 2, 4), ids(y, 2, 4));
-    loss.backward();
-    std::vector<std::vector<float>> got{loss.to_vector<float>()};
-    for (const auto& [name, t] : m.named_parameters()) got.push_back(t.grad().to_vector<float>());
-    if (ref.empty())
-      ref = got;
-    else
-      EXPECT_EQ(got, ref) << recompute_name(mode);
-  }
 }
 
 /// True when the f32 value x is exactly a bf16 value (its low 16 bits are 0).
@@ -259,7 +187,7 @@ TEST(Gpt, Bf16LayerNormParametersAreNotCast) {
 // The fused residual adds change no bit in f32: the same loss and gradients
 // as the blocks written with add and layer_norm apart, from the same weights.
 TEST(Gpt, FusedResidualsGiveTheUnfusedBits) {
-  const GptConfig c = small();
+  const ModelConfig c = small();
   Gpt m(c, Device::cpu(), 11);
   std::vector<int32_t> xv = {1, 2, 3, 4, 5, 6, 7, 8}, yv = {2, 3, 4, 5, 6, 7, 8, 9};
   const Tensor idx = ids(xv, 2, 4), tgt = ids(yv, 2, 4);
@@ -304,7 +232,7 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 // the gradients in its forward; loss and gradients are the plain ops' to
 // rounding (one chunk here: the same GEMMs).
 TEST(Gpt, TheLossWithAHintRunsTheHeadInChunks) {
-  const GptConfig c = small();
+  const ModelConfig c = small();
   std::vector<int32_t> xv = {1, 2, 3, 4, 5, 6, 7, 8}, yv = {2, 3, -1, 5, 6, 7, 8, 9};
   std::vector<std::vector<float>> got[2];
   for (int hinted = 0; hinted < 2; ++hinted) {
@@ -328,7 +256,7 @@ TEST(Gpt, PrimitiveOpsGiveTheFusedModelsValues) {
   std::vector<std::vector<float>> got[2];
   std::vector<std::string> names;
   for (int fused = 0; fused < 2; ++fused) {
-    GptConfig c = small();
+    ModelConfig c = small();
     c.fused_ops = fused == 1;
     Gpt m(c, Device::cpu(), 11);
     const Tensor loss = m.loss(ids(xv, 2, 4), ids(yv, 2, 4));
@@ -343,29 +271,6 @@ TEST(Gpt, PrimitiveOpsGiveTheFusedModelsValues) {
   ASSERT_EQ(got[0].size(), got[1].size()) << "the same parameters";
   EXPECT_LT(rel_l2(got[0][0], got[1][0]), 1e-6) << "loss";
   for (size_t i = 1; i < got[0].size(); ++i) EXPECT_LT(rel_l2(got[0][i], got[1][i]), 1e-4) << names[i];
-}
-
-TEST(Gpt, BadInputsAreClearErrors) {
-  Gpt m(small(), Device::cpu(), 1);
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] { m.forward(ids(std::vector<int32_t>(13, 1), 1, 13)); }).find("model.seq_len=12"),
-            std::string::npos);
-  EXPECT_NE(message([&] { m.forward(from_vector<float>({1, 2}, {1, 2})); }).find("i32"), std::string::npos);
-  EXPECT_NE(message([&] {
-              m.loss(ids({1, 2}, 1, 2), ids({1, 77}, 1, 2));
-            }).find("target"),
-            std::string::npos);
-  GptConfig c = small();
-  c.n_head = 3;
-  EXPECT_NE(message([&] { c.validate(); }).find("model.n_embd (16) must be divisible by model.n_head (3)"),
-            std::string::npos);
 }
 
 }  // namespace

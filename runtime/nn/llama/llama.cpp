@@ -1,0 +1,164 @@
+#include "runtime/nn/llama/llama.h"
+
+#include "kernels/common/error.h"
+#include "runtime/autograd/checkpoint.h"
+#include "runtime/core/profiler.h"
+#include "runtime/nn/kv_cache.h"
+#include "runtime/ops/elementwise.h"
+#include "runtime/ops/matmul.h"
+#include "runtime/ops/nn/attention.h"
+#include "runtime/ops/nn/embedding.h"
+
+namespace bt::nn {
+namespace {
+
+/// model.ffn_hidden, or (0) 8 C / 3 rounded up to a multiple of 64 (C = 768 -> 2048).
+int64_t ffn_of(const ModelConfig& c) {
+  return c.ffn_hidden > 0 ? c.ffn_hidden : (8 * c.n_embd / 3 + 63) / 64 * 64;
+}
+
+void validate_llama(const ModelConfig& c, const std::string& where) {
+  const int64_t kv = c.kv_heads();
+  BT_CHECK(c.n_head % kv == 0, where, ".n_kv_head (", kv, ") must divide ", where, ".n_head (", c.n_head,
+           "): each K/V head serves a group of query heads");
+  BT_CHECK(c.head_dim() % 2 == 0, "RoPE needs an even head dim, but ", where, ".n_embd / ", where,
+           ".n_head = ", c.n_embd, " / ", c.n_head, " = ", c.head_dim());
+}
+
+/// The parameters: embedding, head if untied, blocks, final norm.
+int64_t llama_params(const ModelConfig& c) {
+  const int64_t C = c.n_embd, D = c.head_dim(), H = c.n_head, kv = c.kv_heads(), F = ffn_of(c);
+  const int64_t block = 2 * C + C * H * D + 2 * C * kv * D + H * D * C + 3 * C * F;
+  return c.padded_vocab() * C * (c.tie_embeddings ? 1 : 2) + c.n_layer * block + C;
+}
+
+/// 6 N + 12 L C T, N without an untied embedding (a lookup, not a GEMM).
+double llama_flops(const ModelConfig& c, int64_t T) {
+  const int64_t n = llama_params(c) - (c.tie_embeddings ? 0 : c.padded_vocab() * c.n_embd);
+  return 6.0 * static_cast<double>(n) + 12.0 * c.n_layer * c.n_embd * static_cast<double>(T);
+}
+
+std::unique_ptr<Model> make_llama(const ModelConfig& c, const Device& device, uint64_t seed) {
+  return std::make_unique<Llama>(c, device, seed);
+}
+
+ModelConfig llama_preset(int64_t layers, int64_t width, int64_t heads, int64_t kv, int64_t ffn, int64_t T) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.n_layer = layers;
+  c.n_embd = width;
+  c.n_head = heads;
+  c.n_kv_head = kv;
+  c.ffn_hidden = ffn;
+  c.seq_len = T;
+  c.tie_embeddings = false;
+  return c;
+}
+
+}  // namespace
+
+const Family& llama_family() {
+  static const Family f = [] {
+    Family f;
+    f.arch = "llama";
+    f.presets = {{"llama-tiny", llama_preset(4, 128, 4, 2, 384, 256)},
+                 {"llama-150m", llama_preset(12, 768, 12, 4, 2048, 1024)}};
+    f.validate = validate_llama;
+    f.num_params = llama_params;
+    f.flops_per_token = llama_flops;
+    f.make = make_llama;
+    return f;
+  }();
+  return f;
+}
+
+Llama::Llama(const ModelConfig& cfg, const Device& device, uint64_t seed)
+    : Model(cfg, device), ffn_(ffn_of(cfg)) {
+  BT_CHECK(cfg_.arch == "llama", "Llama: model.arch is '", cfg_.arch, "', not llama");
+  Generator g(seed);
+  const int64_t C = cfg_.n_embd, HD = cfg_.n_head * cfg_.head_dim(), KD = cfg_.kv_heads() * cfg_.head_dim();
+  const Init w{0.02}, one{0, 1};
+  const ParamInfo decay{true, false}, norm{false, false};
+  tok_ = add_param("tok_embeddings.weight", {cfg_.padded_vocab(), C}, 0, w, decay, g);
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const int u = static_cast<int>(l) + 1;
+    Block b;
+    b.attn_norm = add_param(p + "attention_norm.weight", {C}, u, one, norm, g);
+    b.wq = add_param(p + "attention.wq.weight", {HD, C}, u, w, decay, g);
+    b.wk = add_param(p + "attention.wk.weight", {KD, C}, u, w, decay, g);
+    b.wv = add_param(p + "attention.wv.weight", {KD, C}, u, w, decay, g);
+    b.wo = add_param(p + "attention.wo.weight", {C, HD}, u, w, decay, g);
+    b.ffn_norm = add_param(p + "ffn_norm.weight", {C}, u, one, norm, g);
+    b.w1 = add_param(p + "feed_forward.w1.weight", {ffn_, C}, u, w, decay, g);
+    b.w3 = add_param(p + "feed_forward.w3.weight", {ffn_, C}, u, w, decay, g);
+    b.w2 = add_param(p + "feed_forward.w2.weight", {C, ffn_}, u, w, decay, g);
+    blocks_.push_back(b);
+  }
+  norm_ = add_param("norm.weight", {C}, 0, one, norm, g);
+  if (!cfg_.tie_embeddings) output_ = add_param("output.weight", {cfg_.padded_vocab(), C}, 0, w, decay, g);
+  rope_ = RopeTables::make(cfg_.seq_len, cfg_.head_dim(), cfg_.rope_theta, device);
+}
+
+std::map<std::string, int64_t> Llama::shape_attrs() const {
+  return {{"n_layer", cfg_.n_layer},
+          {"n_head", cfg_.n_head},
+          {"n_kv_head", cfg_.kv_heads()},
+          {"n_embd", cfg_.n_embd},
+          {"ffn_hidden", ffn_},
+          {"seq_len", cfg_.seq_len},
+          {"vocab_size", cfg_.vocab_size},
+          {"padded_vocab", padded_vocab()},
+          {"tie_embeddings", cfg_.tie_embeddings}};
+}
+
+Tensor Llama::block(size_t l, const Tensor& x, const RopeTables& rope, KvCache* cache) const {
+  const Block& b = blocks_[l];
+  const int64_t B = x.size(0), T = x.size(1), H = cfg_.n_head, kv = cfg_.kv_heads(), D = cfg_.head_dim();
+  const double eps = cfg_.norm_eps;
+  const Tensor h = rms_norm(x, compute(b.attn_norm), eps);
+  const Tensor q = nn::rope(linear(h, compute(b.wq)).view({B, T, H, D}), rope);
+  const Tensor k = nn::rope(linear(h, compute(b.wk)).view({B, T, kv, D}), rope);
+  const Tensor v = linear(h, compute(b.wv)).view({B, T, kv, D});
+  Tensor att;
+  {
+    ProfileScope prof("attention");
+    if (cache) {
+      const int64_t first = cache->length();
+      auto [K, V] = cache->append(static_cast<int64_t>(l), k, v);
+      att = cached_attention(q, K, V, first);
+    } else {
+      att = grouped_query_attention(q, k, v);  // [B, T, H, D], K/V heads read in place
+    }
+  }
+  const Tensor s = add(x, linear(att.view({B, T, H * D}), compute(b.wo)));
+  const Tensor h2 = rms_norm(s, compute(b.ffn_norm), eps);
+  const Tensor m = swiglu(linear(h2, compute(b.w1)), linear(h2, compute(b.w3)));
+  return add(s, linear(m, compute(b.w2)));
+}
+
+Tensor Llama::hidden(const Tensor& idx, Tensor& head, KvCache* cache) const {
+  const int64_t first = cache ? cache->length() : 0;
+  check_ids(idx, first);
+  autograd::RecomputeGuard recompute(recompute_);
+  enter(0);
+  const Tensor tok = compute(tok_);
+  head = cfg_.tie_embeddings ? tok : compute(output_);
+  Tensor x = embedding(tok, idx);
+  const DType dt = x.dtype();
+  const RopeTables rope = rope_.slice(first, idx.size(1), dt);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const int unit = static_cast<int>(l) + 1;
+    ProfileScope prof("block");
+    enter(unit);
+    if (recompute_ == Recompute::Full && !cache)
+      x = autograd::checkpoint([this, l, rope](const Tensor& in) { return block(l, in, rope, nullptr); }, x);
+    else
+      x = block(l, x, rope, cache);
+    x = leave(unit, x);
+  }
+  ProfileScope prof("final_norm");
+  return rms_norm(x, compute(norm_), cfg_.norm_eps);
+}
+
+}  // namespace bt::nn
