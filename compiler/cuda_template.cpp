@@ -33,7 +33,11 @@ namespace bt::compiler {
 //     scalar and splat;
 //   - an input is addressed through its broadcast strides in the kernel's
 //     space (compiler/cuda_plan.h: broadcast_strides), so parameters ([C]),
-//     row statistics ([R, 1]) and 0-d values need no copies;
+//     row statistics ([R, 1]) and 0-d values need no copies; an input whose
+//     node records a layout (Node::strides: a narrowed half of a head dim, an
+//     expanded view) through those strides, read in place; it is read in
+//     vectors when its innermost stride is 1 and the others are multiples of
+//     V;
 //   - block reductions: each thread folds its vectors in a loop, then the
 //     lanes of a vector in order, a butterfly of gpu.shuffle xor in the warp,
 //     one value per warp through shared memory, and every thread adds the warp
@@ -44,7 +48,8 @@ namespace bt::compiler {
 //     in shared memory into one partial per block and column (scratch);
 //     pass 2 sums a column's partials in order and computes the outputs.
 // The runtime checks at launch that each vector operand is 16-byte aligned
-// (contiguous inputs that are not are copied first; compiler/mlir_backend.cpp).
+// (an input without a recorded layout that is not is copied first, one with
+// a layout makes the group run eagerly that once; compiler/mlir_backend.cpp).
 
 namespace {
 
@@ -72,6 +77,18 @@ std::string f32_bits(double value, DType t) {
   return constant_bits(f, DType::F32);
 }
 
+/// Per dim of `space`, the element stride of leaf `nd` (an input or a staged
+/// output): its recorded layout when it has one (Node::strides, right-aligned
+/// in the space; 0 where it broadcasts), else that of a contiguous tensor.
+std::vector<int64_t> leaf_strides(const Node& nd, const Shape& space) {
+  if (nd.op != Op::Input || nd.strides.empty()) return broadcast_strides(nd.shape, space);
+  std::vector<int64_t> st(space.size(), 0);
+  const size_t lead = space.size() - nd.shape.size();
+  for (size_t k = 0; k < nd.shape.size(); ++k)
+    if (nd.shape[k] != 1) st[lead + k] = nd.strides[k];
+  return st;
+}
+
 /// The MLIR of one gpu.func: SSA names, constants, the values of nodes.
 class FuncEmitter {
  public:
@@ -79,7 +96,7 @@ class FuncEmitter {
       : os_(os), g_(g), kp_(kp), v_(v), ft_(vec(v, "f32")) {
     stride_.resize(g.nodes.size());
     for (size_t i = 0; i < g.nodes.size(); ++i)
-      if (kp.used[i] && leaf(static_cast<int>(i))) stride_[i] = broadcast_strides(g.nodes[i].shape, kp.space);
+      if (kp.used[i] && leaf(static_cast<int>(i))) stride_[i] = leaf_strides(g.nodes[i], kp.space);
   }
 
   // ---- text
@@ -120,16 +137,27 @@ class FuncEmitter {
   bool leaf(int n) const {
     return g_.nodes[static_cast<size_t>(n)].op == Op::Input || kp_.staged[static_cast<size_t>(n)];
   }
-  /// Whether leaf `n` is read V lanes at a time (else one element, splat when used per vector).
+  /// Whether leaf `n` is read V lanes at a time (else one element, splat
+  /// when used per vector): unit stride along the innermost dim, and every
+  /// other stride a multiple of V, so that a vector never straddles two rows.
   bool vector_input(int n) const {
     const auto& st = stride_[static_cast<size_t>(n)];
-    return v_ > 1 && kp_.level[static_cast<size_t>(n)] == Level::Full && !st.empty() && st.back() == 1;
+    if (v_ <= 1 || kp_.level[static_cast<size_t>(n)] != Level::Full || st.empty() || st.back() != 1)
+      return false;
+    for (size_t k = 0; k + 1 < st.size(); ++k)
+      if (st[k] % v_ != 0) return false;
+    return true;
   }
   std::string input_type(int n) const {
     const Node& nd = g_.nodes[static_cast<size_t>(n)];
-    const int64_t numel = shape_numel(nd.shape);
+    int64_t span = 1;  // the elements from the first one read to the last (its layout's extent)
+    if (nd.strides.empty()) {
+      span = shape_numel(nd.shape);
+    } else {
+      for (size_t k = 0; k < nd.shape.size(); ++k) span += (nd.shape[k] - 1) * nd.strides[k];
+    }
     const int w = vector_input(n) ? v_ : 1;
-    return "memref<" + std::to_string(numel / w) + "x" + vec(w, mlir_type(nd.dtype)) + ">";
+    return "memref<" + std::to_string((span + w - 1) / w) + "x" + vec(w, mlir_type(nd.dtype)) + ">";
   }
   std::string output_type(int n, bool full) const {
     const Node& nd = g_.nodes[static_cast<size_t>(n)];
@@ -419,10 +447,25 @@ unsigned blocks(int64_t work, int64_t per_block) {
   return static_cast<unsigned>(std::max<int64_t>(b, 1));
 }
 
+/// V: 8 lanes when bf16 is touched, else 4, halved until it divides the
+/// innermost extent and every stride of an input with a recorded layout that
+/// varies along it (so each of its reads is one vector or one splat value).
 int vector_width(const Group& g, const KernelPlan& kp) {
   int v = touches_bf16(g, kp) ? 8 : 4;
   const int64_t inner = kp.space.empty() ? 1 : kp.space.back();
-  while (v > 1 && inner % v != 0) v /= 2;
+  const auto fits = [&](int w) {
+    if (inner % w != 0) return false;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& nd = g.nodes[i];
+      if (!kp.used[i] || nd.op != Op::Input || nd.strides.empty()) continue;
+      const std::vector<int64_t> st = leaf_strides(nd, kp.space);
+      if (st.empty() || st.back() == 0) continue;
+      for (size_t k = 0; k + 1 < st.size(); ++k)
+        if (st[k] % w != 0) return false;
+    }
+    return true;
+  };
+  while (v > 1 && !fits(v)) v /= 2;
   return v;
 }
 

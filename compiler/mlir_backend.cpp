@@ -85,19 +85,29 @@ class CudaKernel final : public fusion::Kernel {
       BT_CHECK(t.device() == dev, "fused kernel '", g_.name, "' was compiled for ", dev, "; a tensor is on ",
                t.device());
     };
-    // The templates index inputs as contiguous arrays and read vectors at
-    // 16-byte boundaries: a strided or misaligned input is copied first.
+    // The templates index an input through the layout its node records
+    // (contiguous when it records none: a strided input is copied first) and
+    // read vectors at 16-byte boundaries: a misaligned input is copied, or,
+    // when its layout is fixed, the group runs eagerly this once.
+    const std::vector<int> in_nodes = g_.inputs();
     std::vector<Tensor> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       on_device(inputs[i]);
-      in[i] = inputs[i].contiguous();
+      in[i] = g_.nodes[static_cast<size_t>(in_nodes[i])].strides.empty() ? inputs[i].contiguous() : inputs[i];
     }
     for (const CudaLaunch& l : prog_.launches)
       for (size_t a = 0; a < l.args.size(); ++a)
         if (l.args[a].kind == CudaArg::Input && l.align[a] > 0) {
-          Tensor& t = in[static_cast<size_t>(l.args[a].index)];
-          if (reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(l.align[a]) != 0)
+          const auto k = static_cast<size_t>(l.args[a].index);
+          Tensor& t = in[k];
+          if (reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(l.align[a]) == 0) continue;
+          if (g_.nodes[static_cast<size_t>(in_nodes[k])].strides.empty()) {
             t = t.clone();
+            continue;
+          }
+          const std::vector<Tensor> r = fusion::run_eager(g_, inputs);
+          for (size_t o = 0; o < outputs.size(); ++o) Tensor(outputs[o]).copy_(r[o]);
+          return;
         }
     std::vector<Tensor> scratch;
     for (int64_t n : prog_.scratch_f32)

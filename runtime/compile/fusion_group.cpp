@@ -35,6 +35,11 @@ std::string line(const Node& n, int i) {
   std::ostringstream os;
   os << "%" << i << " = " << op_name(n.op);
   if (n.op == Op::Input) os << " " << n.input;
+  if (!n.strides.empty()) {
+    os << " strides [";
+    for (size_t k = 0; k < n.strides.size(); ++k) os << (k ? ", " : "") << n.strides[k];
+    os << "]";
+  }
   if (n.op == Op::Scalar) {
     char buf[40];
     std::snprintf(buf, sizeof buf, " %a", n.value);  // exact
@@ -108,13 +113,26 @@ int Group::push(const Node& n) {
   return static_cast<int>(nodes.size()) - 1;
 }
 
-int Group::input(DType dtype, const Shape& shape) {
+int Group::input(DType dtype, const Shape& shape, std::vector<int64_t> strides) {
+  BT_CHECK(strides.empty() || strides.size() == shape.size(), "fusion group '", name, "': an input of shape ",
+           shape_str(shape), " has ", strides.size(), " strides");
   Node n;
   n.op = Op::Input;
   n.dtype = dtype;
   n.shape = shape;
+  n.strides = std::move(strides);
   n.input = static_cast<int>(inputs().size());
   return push(n);
+}
+
+std::vector<int64_t> input_layout(const Tensor& t) {
+  if (t.is_contiguous()) return {};
+  const int64_t inner = t.dim() > 0 && t.shape().back() > 1 ? t.strides().back() : 1;
+  if (inner != 1 && inner != 0) return {};  // a transpose: copied
+  std::vector<int64_t> st = t.strides();
+  for (size_t k = 0; k < st.size(); ++k)
+    if (t.shape()[k] == 1) st[k] = 0;
+  return st;
 }
 
 int Group::scalar(double value, DType dtype) {
@@ -292,7 +310,13 @@ void check_tensors(const Group& g, const std::vector<Tensor>& inputs, const std:
     BT_CHECK(first->defined() && t.device() == first->device(), what, ": fusion group '", g.name, "' ", kind,
              " ", k, " is on ", t.device(), "; all must be on one device");
   };
-  for (size_t k = 0; k < in.size(); ++k) check(inputs[k], g.nodes[in[k]], "input", k);
+  for (size_t k = 0; k < in.size(); ++k) {
+    const Node& n = g.nodes[in[k]];
+    check(inputs[k], n, "input", k);
+    BT_CHECK(n.strides.empty() || input_layout(inputs[k]) == n.strides, what, ": fusion group '", g.name,
+             "' input ", k, " must have strides ", shape_str(n.strides), "; got ",
+             shape_str(inputs[k].strides()));
+  }
   for (size_t k = 0; k < outputs.size(); ++k) {
     check(outputs[k], g.nodes[g.outputs[k]], "output", k);
     BT_CHECK(outputs[k].is_contiguous(), what, ": fusion group '", g.name, "' output ", k,

@@ -6,7 +6,11 @@
 // Nodes are in topological order; node i reads nodes < i. Every node has a
 // dtype (f32, f64 or bf16) and a static shape:
 //   Input k     the group's k-th argument (a tensor of that shape and dtype;
-//               any strides)
+//               any strides). `strides` empty: any strides, the compiled
+//               kernel may copy it contiguous first; else exactly these
+//               element strides (0 for dims of size 1: input_layout()), which
+//               a kernel may read in place (a narrowed half, an expanded
+//               view), and they are part of the canonical text
 //   Scalar v    the constant v rounded to the node's dtype, shape [] (it
 //               broadcasts anywhere); an argument of elementwise ops only.
 //               A bf16 op's scalar may be f32, as the kernels' scalar ops
@@ -50,11 +54,12 @@ struct Node {
   Op op = Op::Input;
   DType dtype = DType::F32;
   Shape shape;
-  std::vector<int> args;      // node indices
-  int input = -1;             // Input: the argument's index
-  double value = 0.0;         // Scalar
-  std::vector<int64_t> dims;  // Sum, Max: the reduced dims of args[0]
-  bool keepdim = false;       // Sum, Max
+  std::vector<int> args;         // node indices
+  int input = -1;                // Input: the argument's index
+  std::vector<int64_t> strides;  // Input: the argument's layout (input_layout), empty = contiguous
+  double value = 0.0;            // Scalar
+  std::vector<int64_t> dims;     // Sum, Max: the reduced dims of args[0]
+  bool keepdim = false;          // Sum, Max
 };
 
 struct Group {
@@ -64,7 +69,8 @@ struct Group {
 
   // ---- building (each returns the new node's index; shapes and dtypes are
   // derived and checked; a node that fails the checks is not added)
-  int input(DType dtype, const Shape& shape);
+  /// `strides`: input_layout() of the argument (empty: contiguous).
+  int input(DType dtype, const Shape& shape, std::vector<int64_t> strides = {});
   int scalar(double value, DType dtype);
   int unary(Op op, int a);
   int binary(Op op, int a, int b);
@@ -88,9 +94,17 @@ struct Group {
   int push(const Node& n);
 };
 
+/// The layout an Input node records for `t`: empty when t is contiguous or
+/// its last dim has a stride other than 1 or 0 (a transpose: kernels copy
+/// it), else its
+/// strides with 0 for every dim of size 1 (where a stride means nothing), so
+/// that equal layouts give equal canonical text.
+std::vector<int64_t> input_layout(const Tensor& t);
+
 /// Checks that `inputs` and `outputs` match the group's arguments and outputs
-/// (count, shape, dtype, one device; outputs contiguous and not overlapping
-/// any input); `what` names the caller in the error.
+/// (count, shape, dtype, the layout of an input that records one, one
+/// device; outputs contiguous and not overlapping any input); `what` names
+/// the caller in the error.
 void check_tensors(const Group& g, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                    const char* what);
 

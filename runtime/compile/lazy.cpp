@@ -256,7 +256,7 @@ void run_group(const std::vector<std::shared_ptr<LazyNode>>& work) {
           std::make_tuple(t.impl()->storage.get(), t.offset(), t.shape(), t.strides(), t.dtype());
       auto it = input_of.find(key);
       if (it == input_of.end()) {
-        it = input_of.emplace(key, g.input(t.dtype(), t.shape())).first;
+        it = input_of.emplace(key, g.input(t.dtype(), t.shape(), input_layout(t))).first;
         inputs.push_back(t);
       }
       a.push_back(it->second);

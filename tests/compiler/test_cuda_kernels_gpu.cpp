@@ -164,6 +164,41 @@ TEST_F(CudaKernels, StridedAndMisalignedInputsAreCopiedFirst) {
   expect_matches_eager(g, {x, b});
 }
 
+// Inputs that record their layout are read in place: the two halves of a
+// head dim as RoPE reads them (Note [RoPE without a concatenation]), an
+// expanded view, and a half at an offset the vector reads cannot take (the
+// group then runs eagerly once).
+TEST_F(CudaKernels, InputsWithALayoutAreReadInPlace) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::uniform_cpu({4, 16, 3, 64}, dt, gen_).to(kGpu).view({4, 16, 3, 2, 32});
+    const Tensor c = test::uniform_cpu({16, 1, 1, 32}, dt, gen_).to(kGpu);
+    const Tensor s = test::uniform_cpu({16, 1, 2, 32}, dt, gen_).to(kGpu);
+    const Tensor lo = x.narrow(3, 0, 1), hi = x.narrow(3, 1, 1);
+    Group g;
+    g.name = "rope";
+    const int ix = g.input(dt, x.shape()), ic = g.input(dt, c.shape()), is = g.input(dt, s.shape());
+    const int il = g.input(dt, lo.shape(), fusion::input_layout(lo));
+    const int ih = g.input(dt, hi.shape(), fusion::input_layout(hi));
+    g.output(g.binary(Op::Add, g.binary(Op::Add, g.binary(Op::Mul, ix, ic), g.binary(Op::Mul, il, is)),
+                      g.binary(Op::Mul, ih, is)));
+    expect_matches_eager(g, {x, c, s, lo, hi});
+  }
+  const Tensor col = test::uniform_cpu({64, 1}, DType::F32, gen_).to(kGpu);
+  const Tensor wide = col.expand({64, 256}), y = test::uniform_cpu({64, 256}, DType::F32, gen_).to(kGpu);
+  Group e;
+  e.name = "expanded";
+  const int iw = e.input(DType::F32, wide.shape(), fusion::input_layout(wide));
+  e.output(e.binary(Op::Mul, iw, e.input(DType::F32, y.shape())));
+  expect_matches_eager(e, {wide, y});
+  // Strides [72, 36, 1] allow vectors, but the view starts 4 bytes past a 16-byte boundary.
+  const Tensor odd = test::uniform_cpu({8, 2, 36}, DType::F32, gen_).to(kGpu).narrow(2, 1, 32);
+  Group m;
+  m.name = "misaligned";
+  m.output(m.unary(Op::Neg, m.input(DType::F32, odd.shape(), fusion::input_layout(odd))));
+  expect_matches_eager(m, {odd});
+}
+
 TEST_F(CudaKernels, ASecondBackendLoadsThePtxFromTheKernelCache) {
   test::TempDir dir("bt_cuda_cache");
   compiler::BackendOptions o;

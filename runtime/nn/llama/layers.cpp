@@ -6,6 +6,7 @@
 #include "kernels/common/error.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/autograd/saved.h"
 #include "runtime/ops/elementwise.h"
 #include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
@@ -35,9 +36,28 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
 }
 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
-  const Tensor g = as(gate, wide(gate.dtype()));
-  const Tensor silu = div(g, add(exp(neg(g)), 1.0));
-  return mul(as(silu, gate.dtype()), up);
+  Tensor y;
+  {
+    NoGradGuard ng;
+    const Tensor g = as(gate, wide(gate.dtype()));
+    y = mul(as(div(g, add(exp(neg(g)), 1.0)), gate.dtype()), up);
+  }
+  if (autograd::any_requires_grad({&gate, &up})) {
+    // Note [SwiGLU's backward]: from the saved gate and up alone.
+    autograd::record("SwigluBackward", {&gate, &up}, y,
+                     [sg = SavedTensor(gate, "swiglu"),
+                      su = SavedTensor(up, "swiglu")](autograd::Grads& grads) -> autograd::Grads {
+                       const Tensor gate = sg.unpack(), up = su.unpack(), dy = grads[0];
+                       const DType dt = gate.dtype();
+                       const Tensor g = as(gate, wide(dt));
+                       const Tensor s = pow(add(exp(neg(g)), 1.0), -1.0);  // sigmoid(g)
+                       const Tensor dup = mul(dy, as(mul(g, s), dt));
+                       // d silu / dg = s (1 + g (1 - s))
+                       const Tensor dsilu = mul(s, add(mul(g, add(neg(s), 1.0)), 1.0));
+                       return {as(mul(as(mul(dy, up), wide(dt)), dsilu), dt), dup};
+                     });
+  }
+  return y;
 }
 
 RopeTables RopeTables::make(int64_t positions, int64_t head_dim, double theta, const Device& device) {

@@ -31,6 +31,13 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 
 /// silu(gate) * up, silu(g) = g / (1 + exp(-g)) computed in f32 (a bf16 gate
 /// is widened and the result rounded back before the product).
+///
+/// Note [SwiGLU's backward]: written out, not derived op by op: with
+/// s = sigmoid(g), d up = dy silu(g) and d gate = dy up s (1 + g (1 - s)),
+/// from the saved gate and up alone (the GEMMs' outputs, kept anyway). The
+/// derived backward saved the f32 denominator 1 + exp(-g) as well (twice
+/// the bytes of a bf16 [B, T, F] activation) and read it back; this one is
+/// one pointwise group over gate, up and dy under train.compile.
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 
 /// The angle tables of RoPE for positions [0, positions) and head dim D

@@ -136,6 +136,30 @@ TEST(FusionGroup, CheckTensorsNamesWhatIsWrong) {
   EXPECT_NE(msg.find("shares memory with an input"), std::string::npos) << msg;
 }
 
+// An input may record its layout (a narrowed half, an expanded view): then it
+// is part of the text, and a tensor of another layout is refused.
+TEST(FusionGroup, AnInputsLayoutIsPartOfItsText) {
+  const Tensor x = zeros({2, 3, 8});
+  const Tensor half = x.view({2, 3, 2, 4}).narrow(2, 1, 1), wide = zeros({3, 1}).expand({3, 5});
+  EXPECT_TRUE(fusion::input_layout(x).empty());
+  EXPECT_TRUE(fusion::input_layout(x.narrow(0, 1, 1)).empty()) << "contiguous, at an offset";
+  EXPECT_EQ(fusion::input_layout(half), (std::vector<int64_t>{24, 8, 0, 1}));
+  EXPECT_EQ(fusion::input_layout(wide), (std::vector<int64_t>{1, 0}));
+  EXPECT_TRUE(fusion::input_layout(zeros({3, 4}).t()).empty()) << "a transpose is copied, not read in place";
+  Group g;
+  g.name = "halves";
+  const int a = g.input(DType::F32, half.shape(), fusion::input_layout(half));
+  g.output(g.unary(Op::Neg, a));
+  EXPECT_NE(g.canonical().find("%0 = input 0 strides [24, 8, 0, 1] : f32[2, 3, 1, 4]"), std::string::npos)
+      << g.canonical();
+  const Tensor out = empty(half.shape());
+  fusion::check_tensors(g, {half}, {out}, "test");
+  const std::string msg =
+      test::error_message([&] { fusion::check_tensors(g, {zeros(half.shape())}, {out}, "test"); });
+  EXPECT_NE(msg.find("input 0 must have strides [24, 8, 0, 1]"), std::string::npos) << msg;
+  EXPECT_EQ(fusion::relative_difference(fusion::run_eager(g, {half})[0], neg(half).contiguous()), 0.0);
+}
+
 TEST(FusionBackend, WithoutACompilerTheNoOpBackendSaysWhy) {
   // This test program installs no compiler: the runtime's no-op backend.
   const std::shared_ptr<fusion::Backend> b = fusion::backend();
