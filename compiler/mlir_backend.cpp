@@ -73,7 +73,9 @@ class CpuKernel final : public fusion::Kernel {
 class CudaKernel final : public fusion::Kernel {
  public:
   CudaKernel(fusion::Group g, CudaProgram prog, std::shared_ptr<CudaModule> m, bool loaded)
-      : g_(std::move(g)), prog_(std::move(prog)), module_(std::move(m)), loaded_(loaded) {}
+      : g_(std::move(g)), prog_(std::move(prog)), module_(std::move(m)), loaded_(loaded) {
+    for (int n : g_.inputs()) fixed_layout_.push_back(!g_.nodes[static_cast<size_t>(n)].strides.empty());
+  }
 
   bool loaded_from_cache() const override { return loaded_; }
   std::string describe() const override { return prog_.summary; }
@@ -89,11 +91,10 @@ class CudaKernel final : public fusion::Kernel {
     // (contiguous when it records none: a strided input is copied first) and
     // read vectors at 16-byte boundaries: a misaligned input is copied, or,
     // when its layout is fixed, the group runs eagerly this once.
-    const std::vector<int> in_nodes = g_.inputs();
     std::vector<Tensor> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       on_device(inputs[i]);
-      in[i] = g_.nodes[static_cast<size_t>(in_nodes[i])].strides.empty() ? inputs[i].contiguous() : inputs[i];
+      in[i] = fixed_layout_[i] ? inputs[i] : inputs[i].contiguous();
     }
     for (const CudaLaunch& l : prog_.launches)
       for (size_t a = 0; a < l.args.size(); ++a)
@@ -101,7 +102,7 @@ class CudaKernel final : public fusion::Kernel {
           const auto k = static_cast<size_t>(l.args[a].index);
           Tensor& t = in[k];
           if (reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(l.align[a]) == 0) continue;
-          if (g_.nodes[static_cast<size_t>(in_nodes[k])].strides.empty()) {
+          if (!fixed_layout_[k]) {
             t = t.clone();
             continue;
           }
@@ -139,6 +140,7 @@ class CudaKernel final : public fusion::Kernel {
  private:
   fusion::Group g_;
   CudaProgram prog_;
+  std::vector<bool> fixed_layout_;  // per input: its node records a layout (read in place)
   std::shared_ptr<CudaModule> module_;
   bool loaded_;
 };

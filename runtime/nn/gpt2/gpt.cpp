@@ -58,16 +58,13 @@ ModelConfig gpt2_124m() {
 }  // namespace
 
 const Family& gpt2_family() {
-  static const Family f = [] {
-    Family f;
-    f.arch = "gpt2";
-    f.presets = {{"tiny", ModelConfig()}, {"gpt2-124m", gpt2_124m()}};  // tiny: the defaults, 4 x 128, T=256
-    f.validate = validate_gpt2;
-    f.num_params = gpt2_params;
-    f.flops_per_token = gpt2_flops;
-    f.make = make_gpt2;
-    return f;
-  }();
+  static const Family f{
+      .arch = "gpt2",
+      .presets = {{"tiny", ModelConfig()}, {"gpt2-124m", gpt2_124m()}},  // tiny: the defaults
+      .validate = validate_gpt2,
+      .num_params = gpt2_params,
+      .flops_per_token = gpt2_flops,
+      .make = make_gpt2};
   return f;
 }
 
@@ -108,11 +105,6 @@ std::map<std::string, int64_t> Gpt::shape_attrs() const {
           {"seq_len", cfg_.seq_len}, {"vocab_size", cfg_.vocab_size}, {"padded_vocab", cfg_.padded_vocab()}};
 }
 
-/// A LayerNorm's affine parameter: the f32 master itself under every
-/// precision (Note [f32 LayerNorm parameters] in gpt.h), or the weight
-/// source's tensor, which keeps it f32 as well (keeps_f32()).
-Tensor Gpt::norm_param(const Tensor& p) const { return f32(p); }
-
 namespace {
 
 /// LayerNorm over the last dim from primitive ops (Note [Primitive-op GPT]).
@@ -137,8 +129,9 @@ ResidualNorm Gpt::add_norm(const Tensor& x, const Tensor& d, const Tensor& w, co
     const Tensor s = d.defined() ? add(x, d) : x;
     return {s, layer_norm_primitive(s, compute(w), compute(b), eps)};
   }
-  if (!d.defined()) return {x, layer_norm(x, norm_param(w), norm_param(b), eps)};
-  return add_layer_norm(x, d, norm_param(w), norm_param(b), eps);
+  // The f32 masters under every precision (Note [f32 LayerNorm parameters]).
+  if (!d.defined()) return {x, layer_norm(x, f32(w), f32(b), eps)};
+  return add_layer_norm(x, d, f32(w), f32(b), eps);
 }
 
 Tensor Gpt::affine(const Tensor& x, const Tensor& w, const Tensor& bias) const {

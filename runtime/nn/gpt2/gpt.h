@@ -79,8 +79,6 @@ class Gpt final : public Model {
   struct Residual {
     Tensor x, d;
   };
-  /// A LayerNorm's affine parameter as the ops use it (Note [f32 LayerNorm parameters]).
-  Tensor norm_param(const Tensor& p) const;
   /// {x + d, its LayerNorm}: add_layer_norm, or layer_norm of x when d is undefined.
   ResidualNorm add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) const;
   /// Block l on the stream x + d; returns the stream after the attention's

@@ -58,17 +58,13 @@ ModelConfig llama_preset(int64_t layers, int64_t width, int64_t heads, int64_t k
 }  // namespace
 
 const Family& llama_family() {
-  static const Family f = [] {
-    Family f;
-    f.arch = "llama";
-    f.presets = {{"llama-tiny", llama_preset(4, 128, 4, 2, 384, 256)},
-                 {"llama-150m", llama_preset(12, 768, 12, 4, 2048, 1024)}};
-    f.validate = validate_llama;
-    f.num_params = llama_params;
-    f.flops_per_token = llama_flops;
-    f.make = make_llama;
-    return f;
-  }();
+  static const Family f{.arch = "llama",
+                        .presets = {{"llama-tiny", llama_preset(4, 128, 4, 2, 384, 256)},
+                                    {"llama-150m", llama_preset(12, 768, 12, 4, 2048, 1024)}},
+                        .validate = validate_llama,
+                        .num_params = llama_params,
+                        .flops_per_token = llama_flops,
+                        .make = make_llama};
   return f;
 }
 
