@@ -248,6 +248,18 @@ inline int64_t numel(const StridedLayout& l) {
   return n;
 }
 
+/// Whether coalesced layout `l` is rows of contiguous elements: [rows, cols]
+/// with strides [pitch, 1], pitch >= cols (a slice of a wider row-major
+/// buffer). Such copies go to cudaMemcpy2DAsync, near copy bandwidth, where
+/// the element-wise gather and scatter kernels index every element.
+inline bool pitched_rows(const StridedLayout& l, int64_t* rows, int64_t* cols, int64_t* pitch) {
+  if (l.ndim != 2 || l.strides[1] != 1 || l.strides[0] < l.shape[1]) return false;
+  *rows = l.shape[0];
+  *cols = l.shape[1];
+  *pitch = l.strides[0];
+  return true;
+}
+
 /// Drops size-1 dims and merges adjacent dims that are contiguous with each
 /// other in every one of `ls` (all with the same shape), so offset_of() does less
 /// index arithmetic. Element order and offsets are unchanged.

@@ -251,6 +251,12 @@ void strided_copy(DType src_dt, const void* src, const StridedLayout& layout, DT
       BT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * es, cudaMemcpyDeviceToDevice, stream));
       return;
     }
+    if (int64_t rows, cols, pitch; pitched_rows(l, &rows, &cols, &pitch)) {
+      BT_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(cols) * es, src,
+                                      static_cast<size_t>(pitch) * es, static_cast<size_t>(cols) * es,
+                                      static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream));
+      return;
+    }
     switch (es) {
       case 1:
         launch_gather<uint8_t>(src, l, dst, n, small, stream);

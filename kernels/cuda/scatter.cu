@@ -1,4 +1,5 @@
 #include "kernels/common/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/scatter.h"
 
 namespace bt::kernels::cuda {
@@ -42,6 +43,15 @@ void strided_scatter(DType dt, const void* src, void* dst, const StridedLayout& 
   int64_t n = 1;
   for (int d = 0; d < layout.ndim; ++d) n *= layout.shape[d];
   if (n == 0) return;
+  StridedLayout l = layout;
+  detail::coalesce(&l, 1);
+  if (int64_t rows, cols, pitch; detail::pitched_rows(l, &rows, &cols, &pitch)) {
+    const size_t es = dtype_size(dt);
+    BT_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(pitch) * es, src, static_cast<size_t>(cols) * es,
+                                    static_cast<size_t>(cols) * es, static_cast<size_t>(rows),
+                                    cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
   switch (dtype_size(dt)) {
     case 1:
       return scatter_t<uint8_t>(src, dst, layout, n, stream);

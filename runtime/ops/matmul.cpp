@@ -1,9 +1,11 @@
 #include "runtime/ops/matmul.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "kernels/gemm.h"
 #include "runtime/autograd/function.h"
+#include "runtime/autograd/grad_mode.h"
 #include "runtime/autograd/recompute.h"
 #include "runtime/core/precision.h"
 #include "runtime/ops/dispatch.h"
@@ -258,6 +260,74 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
           return {gx, gw, gb};
         });
   return y;
+}
+
+// Note [One GEMM for several weights]
+// Llama's q, k and v projections read the same normed activations through
+// three weights; with 4 K/V heads of 12 the k and v GEMMs are a third as wide
+// as q's, and narrow GEMMs use the GPU worse. linear_split concatenates the
+// weights' rows (a copy of the weights, small next to the activations) and
+// runs one GEMM; the outputs are views of its result, read in place by the
+// ops after them (strided fusion inputs, attention's strides). Backward
+// gathers the outputs' gradients side by side (one copy of them) so that dx
+// is one GEMM against the concatenated weights and the weights' gradients are
+// one GEMM whose rows each weight takes: against three GEMMs each way and two
+// sums of the dx pieces. A missing output gradient counts as zeros.
+std::vector<Tensor> linear_split(const Tensor& x, const std::vector<Tensor>& ws) {
+  detail::check_defined("linear_split", x, "x");
+  detail::check_dtype("linear_split", x, "x", kGemmTypes);
+  BT_CHECK(!ws.empty(), "linear_split: no weights");
+  BT_CHECK(x.dim() >= 1, "linear_split: x must have at least one dimension");
+  const int64_t in = x.size(-1);
+  std::vector<int64_t> outs;
+  int64_t total = 0;
+  for (const Tensor& w : ws) {
+    detail::check_defined("linear_split", w, "weight");
+    detail::check_same_device("linear_split", x, w);
+    detail::check_same_dtype("linear_split", x, w);
+    detail::check_dim("linear_split", w, "weight", 2);
+    BT_CHECK(w.size(1) == in, "linear_split: input features ", in, " (x shape ", shape_str(x.shape()),
+             ") do not match weight shape ", shape_str(w.shape()), " [out, in]");
+    outs.push_back(w.size(0));
+    total += w.size(0);
+  }
+  Tensor wc = empty({total, in}, ws[0].options());
+  for (size_t i = 0, off = 0; i < ws.size(); off += static_cast<size_t>(outs[i]), ++i) {
+    NoGradGuard ng;
+    wc.narrow(0, static_cast<int64_t>(off), outs[i]).copy_(ws[i]);
+  }
+  const Tensor x2 = x.reshape({-1, in}).contiguous();
+  Shape ys = x.shape();
+  ys.back() = total;
+  const Tensor y = detail::linear_raw(x2, wc, Tensor(), Activation::None, nullptr).view(ys);
+  std::vector<Tensor> parts;
+  for (size_t i = 0, off = 0; i < ws.size(); off += static_cast<size_t>(outs[i]), ++i)
+    parts.push_back(y.narrow(y.dim() - 1, static_cast<int64_t>(off), outs[i]));
+  std::vector<const Tensor*> inputs{&x};
+  for (const Tensor& w : ws) inputs.push_back(&w);
+  if (autograd::any_requires_grad({&x}) ||
+      std::any_of(ws.begin(), ws.end(), [](const Tensor& w) { return autograd::any_requires_grad({&w}); }))
+    autograd::record(
+        "LinearSplitBackward", inputs, parts,
+        [sx = SavedTensor(x2, "linear_split"), sw = SavedTensor(wc, "linear_split"), xs = x.shape(), outs,
+         total](Grads& g) -> Grads {
+          const Tensor x2 = sx.unpack(), w = sw.unpack();
+          Tensor gy = empty({x2.size(0), total}, x2.options());
+          for (size_t i = 0, off = 0; i < outs.size(); off += static_cast<size_t>(outs[i]), ++i) {
+            Tensor slot = gy.narrow(1, static_cast<int64_t>(off), outs[i]);
+            if (g[i].defined())
+              slot.copy_(g[i].reshape({-1, outs[i]}));
+            else
+              slot.zero_();
+          }
+          Grads out{matmul_raw(gy, w).reshape(xs)};
+          // Note [Gradients in a wider dtype], as linear's.
+          const Tensor gw = matmul_raw(gy.t(), x2, gy.dtype() == DType::BF16 ? DType::F32 : gy.dtype());
+          for (size_t i = 0, off = 0; i < outs.size(); off += static_cast<size_t>(outs[i]), ++i)
+            out.push_back(gw.narrow(0, static_cast<int64_t>(off), outs[i]));
+          return out;
+        });
+  return parts;
 }
 
 }  // namespace bt

@@ -2,6 +2,8 @@
 // OpenBLAS on CPU, cuBLASLt on CUDA. Differentiable.
 #pragma once
 
+#include <vector>
+
 #include "runtime/tensor/tensor.h"
 
 namespace bt {
@@ -18,5 +20,11 @@ enum class Activation { None, Gelu };
 /// (Note [Gradients in a wider dtype], runtime/autograd/engine.cpp).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
               Activation act = Activation::None);
+
+/// x [..., in] through several weights w_i [n_i, in] (no bias) at once: one
+/// GEMM against their row concatenation, whose result [..., sum n_i] the
+/// outputs [..., n_i] view side by side (Note [One GEMM for several weights]).
+/// Gives linear(x, w_i) for each i, up to the GEMM's summation order.
+std::vector<Tensor> linear_split(const Tensor& x, const std::vector<Tensor>& ws);
 
 }  // namespace bt

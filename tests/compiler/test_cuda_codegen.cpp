@@ -120,6 +120,18 @@ TEST(CudaTemplate, PointwiseKernelsMoveSixteenBytesPerAccess) {
   EXPECT_NE(b.module.find("arith.truncf"), std::string::npos);  // each bf16 node rounds
 }
 
+TEST(CudaTemplate, PowersByTwoMinusOneAndAHalfAreOneArithmeticOp) {
+  Group g;  // x^2, x^-1, x^0.5 and x^3: only the last is libdevice's powf
+  g.name = "powers";
+  const int x = g.input(DType::BF16, {64, 256});
+  for (double c : {2.0, -1.0, 0.5, 3.0}) g.output(g.binary(Op::Pow, x, g.scalar(c, DType::BF16)));
+  const std::string m = cuda_program(g, "p").module;
+  EXPECT_EQ(count(m, "math.powf"), 1u) << m;
+  EXPECT_EQ(count(m, "math.sqrt"), 1u) << m;
+  EXPECT_EQ(count(m, "arith.divf"), 1u) << m;
+  EXPECT_GE(count(m, "arith.mulf"), 1u) << m;
+}
+
 TEST(CudaCodegen, PointwiseLowersToPtxWithVectorAccessesOnly) {
   if (libdevice_path().empty()) GTEST_SKIP() << "no CUDA toolkit here (libdevice.10.bc)";
   const std::string ptx =

@@ -92,6 +92,17 @@ TEST_F(CudaKernels, ElementwiseChainsWithBroadcasting) {
   expect_matches_eager(g, random_inputs(g, gen_, 0.1f, 1.0f));
 }
 
+TEST_F(CudaKernels, PowersByConstantsMatchTheEagerPow) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Group g;  // 2, -1 and 0.5 are arithmetic (Note [CUDA templates]); 3 and -2 stay powf
+    g.name = "powers";
+    const int x = g.input(dt, {64, 256});
+    for (double c : {2.0, -1.0, 0.5, 3.0, -2.0}) g.output(g.binary(Op::Pow, x, g.scalar(c, dt)));
+    expect_matches_eager(g, random_inputs(g, gen_, 0.05f, 4.0f));
+  }
+}
+
 TEST_F(CudaKernels, CastsRoundOnceAsTheEagerOpsDo) {
   Group g;
   g.name = "casts";

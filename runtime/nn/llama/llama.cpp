@@ -113,9 +113,13 @@ Tensor Llama::block(size_t l, const Tensor& x, const RopeTables& rope, KvCache* 
   const int64_t B = x.size(0), T = x.size(1), H = cfg_.n_head, kv = cfg_.kv_heads(), D = cfg_.head_dim();
   const double eps = cfg_.norm_eps;
   const Tensor h = rms_norm(x, compute(b.attn_norm), eps);
-  const Tensor q = nn::rope(linear(h, compute(b.wq)).view({B, T, H, D}), rope);
-  const Tensor k = nn::rope(linear(h, compute(b.wk)).view({B, T, kv, D}), rope);
-  const Tensor v = linear(h, compute(b.wv)).view({B, T, kv, D});
+  // One GEMM for q, k and v (Note [One GEMM for several weights]); rope reads
+  // its views in place. v is copied out: attention keeps it for backward, and
+  // a view would keep the whole [B, T, (H + 2 kv) D] result alive with it.
+  const std::vector<Tensor> qkv = linear_split(h, {compute(b.wq), compute(b.wk), compute(b.wv)});
+  const Tensor q = nn::rope(qkv[0].view({B, T, H, D}), rope);
+  const Tensor k = nn::rope(qkv[1].view({B, T, kv, D}), rope);
+  const Tensor v = qkv[2].contiguous().view({B, T, kv, D});
   Tensor att;
   {
     ProfileScope prof("attention");

@@ -54,6 +54,7 @@ const std::vector<StridedView>& layout_cases() {
       {{4, 1, 33}, {40, 7, 1}, 2},           // padded rows + size-1 dim
       {{3, 17, 5}, {85, 1, 17}, 0},          // permuted
       {{129, 65}, {-65, 1}, 129 * 65 - 65},  // negative stride (flipped rows)
+      {{3, 70, 48}, {9600, 80, 1}, 16},      // rows in a wider pitch (cudaMemcpy2D when the dtypes match)
   };
   return cases;
 }

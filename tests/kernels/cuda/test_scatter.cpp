@@ -33,6 +33,8 @@ TEST(CudaScatter, StridedScatterMatchesCpuBitwise) {
       {{1, 2, 1, 2, 1, 2, 1, 3}, {0, 40, 0, 20, 0, 9, 0, 2}, 0},  // kMaxDims
       {{0, 5}, {5, 1}, 0},                                        // empty
       {{160, 3000}, {1, 170}, 5},                                 // 480000 elements, transposed, gaps
+      {{6, 33}, {40, 1}, 2},                                      // rows in a wider pitch (cudaMemcpy2D)
+      {{2, 500, 256}, {640000, 1280, 1}, 768},                    // v's third of a [B, T, 1280] q|k|v
   };
   for (const StridedView& v : cases)
     for (DType dt : kAllDTypes) {

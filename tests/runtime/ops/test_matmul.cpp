@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/bt.h"
+#include "tests/support/gradcheck.h"
 
 namespace bt {
 namespace {
@@ -92,6 +93,60 @@ TEST(Linear, Bf16BiasSumIntoF32) {
     EXPECT_NE(std::string(e.what()).find("sum: f32 into bf16 is not supported"), std::string::npos)
         << e.what();
   }
+}
+
+// linear_split (Note [One GEMM for several weights]): float64 gradients,
+// including a weight whose output nobody uses (its gradient is zeros).
+TEST(LinearSplit, Float64GradientsOfEveryWeight) {
+  const std::vector<Tensor> in{test::leaf({2, 5, 6}, 1), test::leaf({4, 6}, 2), test::leaf({3, 6}, 3),
+                               test::leaf({2, 6}, 4)};
+  const test::Fn all = [](const std::vector<Tensor>& t) {
+    const std::vector<Tensor> p = linear_split(t[0], {t[1], t[2], t[3]});
+    return add(add(sum(mul(p[0], p[0])), sum(mul(p[1], 3.0))), sum(mul(p[2], p[2])));
+  };
+  EXPECT_TRUE(test::gradcheck(all, in));
+  const test::Fn middle_unused = [](const std::vector<Tensor>& t) {
+    const std::vector<Tensor> p = linear_split(t[0], {t[1], t[2], t[3]});
+    return add(sum(mul(p[0], p[0])), sum(mul(p[2], p[0].narrow(2, 0, 2))));
+  };
+  EXPECT_TRUE(test::gradcheck(middle_unused, in));
+}
+
+// The outputs are views side by side of one result, equal to separate
+// linears; bf16 weight gradients come in f32, as linear's do.
+TEST(LinearSplit, GivesSeparateLinearsWithF32WeightGradients) {
+  Generator gen(5);
+  Tensor x = randn({3, 7, 32}, {}, &gen).to(DType::BF16).requires_grad_();
+  std::vector<Tensor> w;
+  for (int64_t n : {24, 8, 8}) w.push_back(randn({n, 32}, {}, &gen).requires_grad_());
+  std::vector<Tensor> wb;
+  for (const Tensor& m : w) wb.push_back(m.to(DType::BF16));
+  const std::vector<Tensor> p = linear_split(x, wb);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[1].shape(), (Shape{3, 7, 8}));
+  EXPECT_EQ(p[1].data_ptr(), static_cast<const void*>(static_cast<const char*>(p[0].data_ptr()) + 24 * 2));
+  Tensor total;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_LT(test::rel_error(p[i], linear(x.detach(), wb[i].detach())), 1e-2) << i;
+    const Tensor s = sum(mul(p[i].to(DType::F32), static_cast<double>(i + 1)));
+    total = total.defined() ? add(total, s) : s;
+  }
+  total.backward();
+  Tensor x2 = x.detach().requires_grad_(), total2;
+  std::vector<Tensor> w2;
+  for (size_t i = 0; i < 3; ++i) {
+    w2.push_back(w[i].detach().clone().requires_grad_());
+    const Tensor s = sum(mul(linear(x2, w2[i].to(DType::BF16)).to(DType::F32), static_cast<double>(i + 1)));
+    total2 = total2.defined() ? add(total2, s) : s;
+  }
+  total2.backward();
+  EXPECT_LT(test::rel_error(x.grad(), x2.grad()), 1e-2);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(w[i].grad().dtype(), DType::F32) << i;
+    EXPECT_LT(test::rel_error(w[i].grad(), w2[i].grad()), 1e-5) << i;
+  }
+  EXPECT_THROW(linear_split(x, {}), Error);
+  EXPECT_THROW(linear_split(x, {wb[0], randn({8, 31}).to(DType::BF16)}), Error);
 }
 
 }  // namespace
