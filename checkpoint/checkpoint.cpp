@@ -238,6 +238,23 @@ std::string latest(const std::string& root) {
   return all.empty() ? std::string() : all.back();
 }
 
+std::string set_aside(const std::string& dir, const std::string& fallback) {
+  const fs::path from(dir), root = from.parent_path();
+  std::error_code ec;
+  std::string to = dir + ".unusable";
+  for (int n = 2; fs::exists(to, ec); ++n) to = cat(dir, ".unusable.", n);
+  if (std::rename(dir.c_str(), to.c_str()) != 0)
+    BT_FAIL("cannot move the unusable checkpoint '", dir, "' aside to '", to, "': ", std::strerror(errno),
+            "; remove it by hand before the run saves its step again");
+  std::ifstream f(root / "latest");
+  std::string name;
+  if (f >> name && name == from.filename().string()) {
+    write_atomically((root / "latest").string(), fs::path(fallback).filename().string() + "\n");
+    h5::fsync_path(root.string(), true);
+  }
+  return to;
+}
+
 std::string resolve(const std::string& path, std::string* chosen) {
   if (chosen) chosen->clear();
   std::error_code ec;
@@ -264,14 +281,8 @@ std::string latest_pointer_problem(const std::string& root) {
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::string name = text;
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  std::string shown;  // printable, for the message
-  for (const char c : text) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
-    shown += (c >= 32 && c < 127) ? std::string(1, c) : std::string(hex);
-  }
   if (step_of(name) < 0)
-    return cat("'", p.string(), "' holds \"", shown,
+    return cat("'", p.string(), "' holds \"", printable(text),
                "\", which is not a checkpoint name (step_XXXXXXXX): the file is damaged");
   if (!fs::is_regular_file(fs::path(root) / name / "index.json", ec))
     return cat("'", p.string(), "' names ", name, ", which is not a complete checkpoint in ", root);

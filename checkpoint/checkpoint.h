@@ -74,6 +74,14 @@ std::string latest(const std::string& root);
 /// is a checkpoint). Throws bt::Error naming `path` when it is neither.
 std::string resolve(const std::string& path, std::string* chosen = nullptr);
 
+/// Moves checkpoint `dir`, which resume found unusable, out of the way of the
+/// saves to come (the run will reach its step again): renamed to
+/// DIR.unusable (DIR.unusable.2, ... when taken), kept for inspection and
+/// ignored by list(), latest() and retention. When its root's `latest` names
+/// it, `latest` then names `fallback`, the checkpoint the run resumed from.
+/// Returns the new path. Rank 0 only.
+std::string set_aside(const std::string& dir, const std::string& fallback);
+
 /// What is wrong with ROOT/latest: "" when it is absent (no save committed
 /// yet, or an older layout) or names a complete checkpoint; otherwise why it
 /// does not (resume then falls back to the newest complete one).

@@ -1,6 +1,7 @@
 #include "checkpoint/index.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "kernels/common/error.h"
@@ -13,6 +14,24 @@ int64_t SavedTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+std::string printable(const std::string& bytes) {
+  std::string shown;
+  for (const char c : bytes) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+    shown += (c >= 32 && c < 127) ? std::string(1, c) : std::string(hex);
+  }
+  return shown;
+}
+
+void check_file_name(const std::string& name, const std::string& where, const std::string& what) {
+  const bool plain = !name.empty() && name != "." && name != ".." && name.size() <= 255 &&
+                     name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
+  BT_CHECK(plain, where, ": ", what, " names the file '", printable(name),
+           "', which is not a plain file name inside the checkpoint's folder; the checkpoint is corrupt "
+           "(Note [Files confined to their checkpoint])");
 }
 
 json piece_to_json(const SavedPiece& p) {
@@ -31,6 +50,7 @@ SavedPiece piece_from_json(const json& j, const std::string& where, const std::s
   p.begin = j.at("begin").get<int64_t>();
   p.end = j.at("end").get<int64_t>();
   p.crc32 = j.at("crc32").get<uint32_t>();
+  check_file_name(p.file, where, cat("piece ", p.dataset, " of tensor ", tensor));
   if (j.contains("crc32_block")) {
     p.block = j.at("crc32_block").get<int64_t>();
     p.block_crc32 = j.at("block_crc32").get<std::vector<uint32_t>>();
@@ -80,10 +100,12 @@ Index Index::from_json(const json& j, const std::string& where) {
     x.strategy = j.at("world").at("strategy").get<std::string>();
     x.config = j.at("config");
     x.counters = j.at("counters").get<std::map<std::string, int64_t>>();
-    for (const json& r : j.at("ranks"))
+    for (const json& r : j.at("ranks")) {
       x.ranks.push_back({r.at("rank").get<int>(), r.at("file").get<std::string>(),
                          r.at("device").get<std::string>(),
                          r.at("counters").get<std::map<std::string, int64_t>>()});
+      check_file_name(x.ranks.back().file, where, cat("rank ", x.ranks.back().rank));
+    }
     for (const auto& [name, t] : j.at("tensors").items()) {
       SavedTensor st;
       st.shape = t.at("shape").get<std::vector<int64_t>>();

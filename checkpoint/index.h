@@ -31,6 +31,19 @@ struct SavedPiece {
   std::vector<uint32_t> block_crc32;
 };
 
+/// `bytes` for a message: printable ASCII as is, every other byte as \xNN.
+std::string printable(const std::string& bytes);
+
+/// Note [Files confined to their checkpoint]
+/// An index names its rank files and every piece's file; each must be a plain
+/// file name inside the checkpoint's folder (no separator, not "." or "..",
+/// no NUL), so a hand-edited or hostile index can never make a load or a
+/// verify open a file elsewhere; ShardReader also refuses a file that is a
+/// symbolic link leading out of the folder. Either is a corrupt checkpoint:
+/// resume falls back to the one before. Throws bt::Error naming `where` and
+/// `what` (e.g. "piece param/a/0 of tensor param/a") unless `name` is such a name.
+void check_file_name(const std::string& name, const std::string& where, const std::string& what);
+
 /// A piece as the index (and a rank's fragment) stores it.
 nlohmann::json piece_to_json(const SavedPiece& p);
 /// Throws bt::Error naming `where` and `tensor` for a malformed piece.

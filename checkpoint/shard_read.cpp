@@ -1,15 +1,19 @@
 // ShardReader (Note [Checkpoint data path]).
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include <hdf5.h>
 
 #include "checkpoint/h5_check.h"
 #include "checkpoint/h5_util.h"
+#include "checkpoint/index.h"
 #include "checkpoint/posix_file.h"
 #include "checkpoint/shard_file.h"
 
 namespace bt::ckpt {
+
+namespace fs = std::filesystem;
 
 struct ShardReader::File {
   h5::Id h5;
@@ -25,7 +29,16 @@ ShardReader::~ShardReader() = default;
 ShardReader::File& ShardReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return *it->second;
+  check_file_name(name, "checkpoint '" + dir_ + "'", "a piece");  // Note [Files confined to their checkpoint]
   const std::string path = dir_ + "/" + name;
+  std::error_code ec;
+  if (fs::is_symlink(path, ec)) {
+    const fs::path target = fs::weakly_canonical(path, ec), folder = fs::weakly_canonical(dir_, ec);
+    BT_CHECK(target.parent_path() == folder, "checkpoint file '", path, "' is a symbolic link to '",
+             target.string(),
+             "', outside the checkpoint's folder; the checkpoint is corrupt (Note [Files "
+             "confined to their checkpoint])");
+  }
   h5::Id h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, unlocked_file_access()), H5Fclose);
   BT_CHECK(h5.get() >= 0, "cannot open checkpoint file '", path, "': ", h5::error_stack(),
            " (missing, truncated or corrupt)");

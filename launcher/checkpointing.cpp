@@ -201,11 +201,28 @@ std::string resume(train::Trainer& tr) {
   // Newest first, from the one `latest` names (the newest complete one).
   const std::string first = ckpt::latest(cfg.checkpoint.dir);
   std::string notes;
+  std::vector<std::string> unusable;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (*it > first) continue;
     std::string why;
-    if (try_load(tr, *it, why)) return cat(notes, "resumed from ", *it, " (", why, ")");
+    if (try_load(tr, *it, why)) {
+      // The run will save these steps again: rank 0 moves the unusable ones
+      // aside, and every rank stops here if it cannot.
+      std::string err;
+      if (tr.rank() == 0) {
+        try {
+          for (const std::string& u : unusable)
+            notes += cat("moved ", u, " aside to ", ckpt::set_aside(u, *it), "\n");
+        } catch (const Error& e) {
+          err = e.what();
+        }
+      }
+      if (!tr.all_ranks(err.empty()))
+        BT_FAIL(err.empty() ? "rank 0 could not move an unusable checkpoint aside (see its log)" : err);
+      return cat(notes, "resumed from ", *it, " (", why, ")");
+    }
     notes += cat("checkpoint ", *it, " is unusable (", why, "); trying the one before\n");
+    unusable.push_back(*it);
   }
   BT_FAIL(notes, "no usable checkpoint in ", cfg.checkpoint.dir,
           "; remove the damaged ones or set train.resume=none to start over");

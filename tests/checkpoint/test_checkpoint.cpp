@@ -82,6 +82,65 @@ TEST(Checkpoint, LoadsPiecesCutDifferentlyFromTheSavedOnes) {
   EXPECT_TRUE(verify(d).empty());
 }
 
+// Note [Files confined to their checkpoint]: an index naming a file outside
+// its folder, or a rank file that is a symbolic link leading out of it, is a
+// corrupt checkpoint for verify and for loads; a link inside the folder is not.
+TEST(Checkpoint, FilesOutsideTheCheckpointsFolderAreRefused) {
+  test::TempDir dir("bt_ckpt");
+  const Globals g(1);
+  const std::string d = save(request(dir.file("ck"), 1, g), nullptr);
+  ASSERT_TRUE(verify(d).empty());
+  const std::string index_path = d + "/index.json";
+  const nlohmann::json good = nlohmann::json::parse(test::read_file(index_path));
+  auto write_index = [&](const nlohmann::json& j) {
+    std::ofstream(index_path, std::ios::trunc) << j.dump(1);
+  };
+  for (const std::string& bad :
+       std::vector<std::string>{"../../../../etc/passwd", "/etc/passwd", "sub/rank_00000.h5", "..", "",
+                                "a\\b", std::string("rank_00000.h5\0x", 15)}) {
+    for (const bool in_rank : {false, true}) {
+      SCOPED_TRACE(printable(bad) + (in_rank ? " as the rank's file" : " as a piece's file"));
+      nlohmann::json j = good;
+      if (in_rank)
+        j["ranks"][0]["file"] = bad;
+      else
+        j["tensors"]["param/a"]["pieces"][1]["file"] = bad;
+      write_index(j);
+      const std::vector<std::string> problems = verify(d);
+      ASSERT_EQ(problems.size(), 1u);
+      EXPECT_NE(problems[0].find("names the file '" + printable(bad) +
+                                 "', which is not a plain file name inside the checkpoint's folder"),
+                std::string::npos)
+          << problems[0];
+      EXPECT_NE(problems[0].find(in_rank ? "rank 0" : "piece param/a/4 of tensor param/a"), std::string::npos)
+          << problems[0];
+      EXPECT_THROW(read_index(d), Error);
+    }
+  }
+  write_index(good);
+  ASSERT_TRUE(verify(d).empty());
+
+  // The rank file moved out of the folder and linked back: refused, by verify and by a load.
+  const std::string rank_file = d + "/rank_00000.h5", outside = dir.file("elsewhere.h5");
+  fs::rename(rank_file, outside);
+  fs::create_symlink(outside, rank_file);
+  const std::vector<std::string> problems = verify(d);
+  ASSERT_FALSE(problems.empty());
+  EXPECT_NE(problems[0].find("is a symbolic link to '" + fs::weakly_canonical(outside).string() +
+                             "', outside the checkpoint's folder"),
+            std::string::npos)
+      << problems[0];
+  const Globals got(2);
+  const std::string msg =
+      test::error_message([&] { load_pieces(d, read_index(d), {piece("param/a", got.a, 0, 15)}); });
+  EXPECT_NE(msg.find("outside the checkpoint's folder"), std::string::npos) << msg;
+  // A link to a file inside the folder is only a name.
+  fs::remove(rank_file);
+  fs::rename(outside, d + "/data.h5");
+  fs::create_symlink("data.h5", rank_file);
+  EXPECT_TRUE(verify(d).empty());
+}
+
 TEST(Checkpoint, AShareWithAGapIsNeverCommitted) {
   test::TempDir dir("bt_ckpt");
   const Globals g(1);

@@ -218,6 +218,25 @@ TEST_F(K8sRender, ConfigMapHoldsTheResolvedTrainingConfig) {
   EXPECT_EQ(back.train.resume, "auto");
 }
 
+// A Llama job: the model's family and its keys travel in the ConfigMap.
+TEST_F(K8sRender, ALlamaJobsConfigMapReadsBackWithItsFamily) {
+  const std::string cfg = dir_.file("llama.yaml");
+  std::ofstream(cfg) << "model:\n  preset: llama-150m\n  n_kv_head: 2\n  rope_theta: 500000\n"
+                        "data:\n  train: /data/fineweb_train_*.bin\n"
+                        "train:\n  batch_size: 64\n  micro_batch: 16\n";
+  const JobSpec s = load_job_spec(spec_file(std::string(kSpec) + "config: " + cfg + "\n"));
+  EXPECT_EQ(s.train.model.arch, "llama");
+  auto docs = by_kind(render_k8s(s, K8sMode::indexed));
+  const std::string p = dir_.file("embedded.yaml");
+  std::ofstream(p) << docs["ConfigMap"]["data"]["config.yaml"].as<std::string>();
+  const train::TrainConfig back = load_train_config(p, {}, static_cast<int>(s.world()));
+  EXPECT_EQ(back.model.arch, "llama");
+  EXPECT_EQ(back.model.n_kv_head, 2);
+  EXPECT_EQ(back.model.rope_theta, 500000.0);
+  EXPECT_EQ(back.model.n_layer, 12);
+  EXPECT_EQ(config_to_yaml(back), config_to_yaml(s.train));
+}
+
 TEST_F(K8sRender, ExistingClaimReplacesThePvc) {
   auto docs = by_kind(render(K8sMode::indexed, std::string(kSpec) + "  existing_claim: shared-ckpt\n"));
   EXPECT_FALSE(docs.count("PersistentVolumeClaim"));

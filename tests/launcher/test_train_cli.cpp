@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "tests/support/fetched_data.h"
+#include "tests/support/files.h"
 #include "tests/support/paths.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
@@ -184,6 +185,40 @@ TEST_F(TrainCli, SampleFromSavedWeights) {
 // A Llama's weights file names its family: it initializes a Llama run, a
 // GPT-2 run refuses it by architecture, `sample` rebuilds the Llama from it,
 // and a Llama checkpoint exports to HDF5 but not to llm.c's GPT-2 format.
+// Note [Files confined to their checkpoint]: an index edited to name a file
+// outside its folder fails `ckpt verify`, and resume falls back to the
+// checkpoint before it, moving the bad one aside so that its step can be
+// saved again.
+TEST_F(TrainCli, AnIndexPointingOutsideItsFolderIsRefusedAndResumeFallsBack) {
+  const std::string ck = dir_.file("ck");
+  Result r = run(base_ + " --set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir=" + ck);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string index = ck + "/step_00000004/index.json";
+  nlohmann::json j = nlohmann::json::parse(test::read_file(index));
+  j["tensors"].begin().value()["pieces"][0]["file"] = "../../../../etc/passwd";
+  std::ofstream(index, std::ios::trunc) << j.dump(1);
+  r = run("ckpt verify " + ck + "/step_00000004");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("names the file '../../../../etc/passwd', which is not a plain file name inside the "
+                    "checkpoint's folder"),
+      std::string::npos)
+      << r.output;
+  r = run(base_ + " --set train.steps=6 --set checkpoint.every=2 --set checkpoint.dir=" + ck +
+          " --set train.resume=auto");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + ck + "/step_00000004 is unusable"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + ck + "/step_00000002"), std::string::npos) << r.output;
+  // The run saved step 4 again: the unusable one was kept, moved aside.
+  EXPECT_NE(r.output.find("moved " + ck + "/step_00000004 aside to " + ck + "/step_00000004.unusable"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(ck + "/step_00000004.unusable/index.json"));
+  r = run("ckpt verify --all " + ck);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("3 checkpoint(s), 0 with problems"), std::string::npos) << r.output;
+}
+
 TEST_F(TrainCli, LlamaWeightsCheckpointsAndSamples) {
   const std::string llama = base_ + " --set model.arch=llama --set model.n_head=4 --set model.n_kv_head=2";
   ASSERT_EQ(run(llama + " --set train.steps=2 --save-weights " + dir_.file("l.h5") +
