@@ -186,6 +186,28 @@ std::string resume_target(const std::string& resume, std::string* chosen) {
   }
 }
 
+namespace {
+
+/// The run will save the steps of `unusable` again: rank 0 moves them aside
+/// (ckpt::set_aside), and every rank stops here if it cannot. Lines to print.
+std::string set_aside(train::Trainer& tr, const std::vector<std::string>& unusable,
+                      const std::string& chosen) {
+  std::string notes, err;
+  if (tr.rank() == 0) {
+    try {
+      for (const std::string& u : unusable)
+        notes += cat("moved ", u, " aside to ", ckpt::set_aside(u, chosen), "\n");
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  if (!tr.all_ranks(err.empty()))
+    BT_FAIL(err.empty() ? "rank 0 could not move an unusable checkpoint aside (see its log)" : err);
+  return notes;
+}
+
+}  // namespace
+
 std::string resume(train::Trainer& tr) {
   const train::TrainConfig& cfg = tr.config();
   const std::string& how = cfg.train.resume;
@@ -205,22 +227,8 @@ std::string resume(train::Trainer& tr) {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (*it > first) continue;
     std::string why;
-    if (try_load(tr, *it, why)) {
-      // The run will save these steps again: rank 0 moves the unusable ones
-      // aside, and every rank stops here if it cannot.
-      std::string err;
-      if (tr.rank() == 0) {
-        try {
-          for (const std::string& u : unusable)
-            notes += cat("moved ", u, " aside to ", ckpt::set_aside(u, *it), "\n");
-        } catch (const Error& e) {
-          err = e.what();
-        }
-      }
-      if (!tr.all_ranks(err.empty()))
-        BT_FAIL(err.empty() ? "rank 0 could not move an unusable checkpoint aside (see its log)" : err);
-      return cat(notes, "resumed from ", *it, " (", why, ")");
-    }
+    if (try_load(tr, *it, why))
+      return cat(notes, set_aside(tr, unusable, *it), "resumed from ", *it, " (", why, ")");
     notes += cat("checkpoint ", *it, " is unusable (", why, "); trying the one before\n");
     unusable.push_back(*it);
   }
