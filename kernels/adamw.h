@@ -12,7 +12,10 @@
 // grad_scale are either values here or, when `hyper` / `scale` are set, read
 // by the kernel from memory on the kernel's device (host memory for the CPU
 // kernel): a captured CUDA graph replays with the values of each step (Note
-// [Step scalars] in runtime/optim/adamw.h).
+// [Step scalars] in runtime/optim/adamw.h). A grad_scale that is not finite
+// (NaN or infinite) means the step's gradients are unusable: the kernel then
+// writes nothing -- p, m, v and the copy keep their bits (Note [Non-finite
+// steps] in runtime/train/trainer.cpp).
 #pragma once
 
 #include <cstdint>

@@ -34,13 +34,17 @@ struct SquaresInput {
 /// sqrt(sum) in double rounded to float; out[1] = the clipping factor
 /// min(1, max_norm / (norm + 1e-6)) in double rounded to float, or 1 when
 /// max_norm <= 0 (clipping off). As runtime/optim/clip.h's clip_coefficient.
+/// The factor is NaN when the norm is not finite, or when `loss` (optional,
+/// one double) is not: AdamW then leaves its state alone (Note [Non-finite
+/// steps] in runtime/train/trainer.cpp).
 namespace cpu {
-void clip_scale(const void* sumsq, DType dt, double max_norm, float* out);
+void clip_scale(const void* sumsq, DType dt, double max_norm, float* out, const double* loss = nullptr);
 }  // namespace cpu
 
 #ifdef BT_CUDA
 namespace cuda {
-void clip_scale(const void* sumsq, DType dt, double max_norm, float* out, cudaStream_t stream);
+void clip_scale(const void* sumsq, DType dt, double max_norm, float* out, const double* loss,
+                cudaStream_t stream);
 /// Floats of scratch that sum_squares needs for these inputs (one per chunk).
 size_t sum_squares_scratch_floats(const SquaresInput* xs, int count);
 /// out[0] (one device float) = sum over i < count, j < xs[i].n of xs[i][j]^2,

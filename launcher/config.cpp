@@ -73,6 +73,11 @@ const std::vector<Key>& keys() {
       BT_KEY("train.beta2", train.beta2, "AdamW beta2"),
       BT_KEY("train.eps", train.eps, "AdamW epsilon"),
       BT_KEY("train.grad_clip", train.grad_clip, "global gradient-norm clip (0: off)"),
+      BT_KEY("train.nonfinite", train.nonfinite,
+             "stop | skip: a step whose loss or gradient is not finite never updates; stop ends the run, "
+             "skip goes on to the next batch"),
+      BT_KEY("train.max_skipped_steps", train.max_skipped_steps,
+             "train.nonfinite=skip: most steps skipped in a row; one more ends the run"),
       BT_KEY("train.device", train.device, "auto | cpu | cuda | cuda:N"),
       BT_KEY("train.precision", train.precision, "fp32 | tf32 | fp32x3 | bf16"),
       BT_KEY("train.recompute", train.recompute,
@@ -96,6 +101,9 @@ const std::vector<Key>& keys() {
       BT_KEY("dist.strategy", dist.strategy, "ddp | zero1 | zero2 | zero3 (jobs of several ranks)"),
       BT_KEY("dist.bucket_mb", dist.bucket_mb, "DDP gradient bucket size in MiB"),
       BT_KEY("dist.timeout_s", dist.timeout_s, "seconds before a stuck collective aborts the job"),
+      BT_KEY("dist.insecure", dist.insecure,
+             "torchrun-style jobs: run the rendezvous without a job token (BT_JOB_TOKEN); trusted networks "
+             "only"),
       BT_KEY("train.resume", train.resume,
              "none | auto (latest in checkpoint.dir) | a checkpoint, or a root (its latest)"),
       BT_KEY("train.stop_at_step", train.stop_at_step, "end this run after this step (0: train.steps)"),

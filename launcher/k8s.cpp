@@ -55,8 +55,11 @@ int run_k8s(int argc, char** argv) {
     return 0;
   }
   const std::string out = r["output"].as<std::string>();
-  write_text_file(out, text, "the manifests");
-  std::fprintf(stderr, "wrote %s (%s)\n", out.c_str(), r["mode"].as<std::string>().c_str());
+  // An Indexed Job's manifests hold its job token (a Secret): the file is the owner's only.
+  const bool secret = mode == K8sMode::indexed;
+  write_text_file(out, text, "the manifests", secret);
+  std::fprintf(stderr, "wrote %s (%s%s)\n", out.c_str(), r["mode"].as<std::string>().c_str(),
+               secret ? "; it holds the job's token, so only you can read it" : "");
   return 0;
 }
 

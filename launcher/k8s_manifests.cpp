@@ -11,6 +11,7 @@
 #include "launcher/config.h"
 #include "launcher/k8s_yaml.h"
 #include "launcher/stop_request.h"
+#include "runtime/dist/auth.h"
 
 namespace bt::launcher {
 namespace {
@@ -50,6 +51,7 @@ namespace {
 
 constexpr const char* kConfigDir = "/etc/blutrain";  // the ConfigMap's mount
 constexpr const char* kConfigKey = "config.yaml";
+constexpr const char* kTokenKey = "token";        // the job token's key in its Secret
 constexpr int64_t kUid = 1000;                    // the image's user `bt` (Dockerfile)
 constexpr int64_t kGraceS = 300;                  // SIGTERM to SIGKILL: time to save a checkpoint
 constexpr int64_t kSshPort = 2222;                // the workers' sshd runs unprivileged, so not 22
@@ -205,6 +207,15 @@ YAML::Node config_map(const JobSpec& s) {
   return o;
 }
 
+/// The job token of an Indexed Job's rendezvous (Note [Authenticated
+/// rendezvous] in runtime/dist/auth.cpp): a new one at every render.
+YAML::Node token_secret(const JobSpec& s) {
+  YAML::Node o = object("v1", "Secret", s, k8s_token_secret_name(s));
+  o["type"] = "Opaque";
+  o["stringData"][kTokenKey] = dist::auth::new_token();
+  return o;
+}
+
 YAML::Node checkpoint_claim(const JobSpec& s) {
   YAML::Node o = object("v1", "PersistentVolumeClaim", s, k8s_claim_name(s));
   o["spec"]["accessModes"].push_back("ReadWriteMany");  // every rank writes its own file
@@ -245,6 +256,11 @@ YAML::Node rank_env(const JobSpec& s) {
   env.push_back(env_var("LOCAL_WORLD_SIZE", "1"));
   env.push_back(env_var("MASTER_ADDR", s.name + "-0." + s.name));
   env.push_back(env_var("MASTER_PORT", std::to_string(s.k8s.port)));
+  YAML::Node token;  // Note [Authenticated rendezvous]: the job's Secret, never in the pod spec
+  token["name"] = "BT_JOB_TOKEN";
+  token["valueFrom"]["secretKeyRef"]["name"] = k8s_token_secret_name(s);
+  token["valueFrom"]["secretKeyRef"]["key"] = kTokenKey;
+  env.push_back(token);
   for (const auto& [k, v] : rank_env_vars(s, 1)) env.push_back(env_var(k, v));
   return env;
 }
@@ -410,6 +426,8 @@ std::string k8s_config_map_name(const JobSpec& s) {
   return s.name + "-train-config";
 }
 
+std::string k8s_token_secret_name(const JobSpec& s) { return s.name + "-token"; }
+
 std::string k8s_claim_name(const JobSpec& s) {
   return s.k8s.existing_claim.empty() ? s.name + "-ckpt" : s.k8s.existing_claim;
 }
@@ -447,6 +465,7 @@ std::string render_k8s(const JobSpec& s, K8sMode mode) {
   std::vector<YAML::Node> docs = {config_map(s)};
   if (s.k8s.existing_claim.empty()) docs.push_back(checkpoint_claim(s));
   if (mode == K8sMode::indexed) {
+    docs.push_back(token_secret(s));
     docs.push_back(headless_service(s));
     docs.push_back(indexed_job(s));
   } else {

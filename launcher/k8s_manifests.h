@@ -1,9 +1,10 @@
 // The Kubernetes manifests of a job spec, as one YAML stream: the training
 // config in a ConfigMap, a PersistentVolumeClaim for the checkpoints, and the
-// workload, either a headless Service plus an Indexed Job (one pod per rank,
-// torchrun-style variables) or a Kubeflow MPIJob (one worker pod per node,
-// started by mpirun). How each survives failures and preemption is Note
-// [K8s restarts] in k8s_manifests.cpp; the user's side is k8s/README.md.
+// workload, either a Secret with a new job token (Note [Authenticated
+// rendezvous] in runtime/dist/auth.cpp), a headless Service and an Indexed Job
+// (one pod per rank, torchrun-style variables) or a Kubeflow MPIJob (one
+// worker pod per node, started by mpirun, which needs no token). How each survives failures and preemption is
+// Note [K8s restarts] in k8s_manifests.cpp; the user's side is k8s/README.md.
 #pragma once
 
 #include <string>
@@ -27,7 +28,8 @@ void check_k8s_spec(const JobSpec& s, K8sMode mode);
 std::string render_k8s(const JobSpec& s, K8sMode mode);
 
 /// Names of the rendered objects (the workload itself is named s.name).
-std::string k8s_config_map_name(const JobSpec& s);  // NAME-train-config
-std::string k8s_claim_name(const JobSpec& s);       // NAME-ckpt, or k8s.existing_claim
+std::string k8s_config_map_name(const JobSpec& s);    // NAME-train-config
+std::string k8s_claim_name(const JobSpec& s);         // NAME-ckpt, or k8s.existing_claim
+std::string k8s_token_secret_name(const JobSpec& s);  // NAME-token (Indexed Jobs: the job token)
 
 }  // namespace bt::launcher

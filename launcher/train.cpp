@@ -83,7 +83,7 @@ Options parse(int argc, char** argv) {
 int run_train(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const train::TrainConfig cfg0 = load_train_config(o.config, o.sets);
-  const dist::World& w = dist::init_world();
+  const dist::World& w = dist::init_world(cfg0.dist.insecure);
   const bool lead = w.rank == 0;
   // Under `blutrain launch` each rank logs to its own file (rank 0 to the
   // terminal too); under a bare mpirun only rank 0 prints.
@@ -182,15 +182,15 @@ int run_train(int argc, char** argv) {
   }
   std::optional<double> last_val;
   double last_loss = 0;
+  int64_t skipped = 0;     // steps train.nonfinite=skip skipped in this run
   int64_t stopped_at = 0;  // the step after which a stop request ended the run
   for (int64_t i = start.step; i < last_step && stopped_at == 0; ++i) {
     beat.beat(fmt::format("training step {} of {}", i + 1, t.steps));
     const train::StepStats s = tr.step();
     if (const std::string n = tr.take_notice(); !n.empty()) progress.print(n);
     progress.on_step(s);
-    last_loss = s.loss;
-    BT_CHECK(std::isfinite(s.loss), "training diverged: the loss at step ", s.step, " is ", s.loss,
-             "; lower train.lr or use train.precision=fp32");
+    if (!s.skipped) last_loss = s.loss;  // a skipped step (train.nonfinite=skip) printed its notice
+    skipped = s.skipped_steps;
     std::optional<double> val;
     const bool eval_now =
         tr.has_val() && ((t.eval_every > 0 && s.step % t.eval_every == 0) || s.step == t.steps);
@@ -244,8 +244,9 @@ int run_train(int argc, char** argv) {
     save_model(t.save_weights, model);
     std::printf("saved weights to %s\n", t.save_weights.c_str());
   }
-  std::printf("done: %lld steps in %s, %.0f tokens/s (steady), train loss %.4f%s, peak memory %s\n",
+  std::printf("done: %lld steps in %s%s, %.0f tokens/s (steady), train loss %.4f%s, peak memory %s\n",
               static_cast<long long>(last_step - start.step), human_duration(progress.elapsed()).c_str(),
+              skipped > 0 ? fmt::format(" ({} skipped: not finite)", skipped).c_str() : "",
               progress.mean_tokens_per_s(), last_loss,
               last_val ? fmt::format(", val loss {:.4f}", *last_val).c_str() : "",
               human_bytes(train::peak_memory_bytes(tr.device())).c_str());

@@ -3,6 +3,8 @@
 // operation for operation, in float. Element ranges run in parallel.
 #include "kernels/adamw.h"
 
+#include <cmath>
+
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/parallel.h"
 
@@ -17,6 +19,7 @@ void adamw_impl(const AdamWArgs& a, const G* grad, C* copy) {
   const float b1 = a.beta1, b2 = a.beta2, one_b1 = 1.0f - a.beta1, one_b2 = 1.0f - a.beta2;
   const float lr = a.hyper ? a.hyper[0] : a.lr, bias1 = a.hyper ? a.hyper[1] : a.bias1;
   const float bias2 = a.hyper ? a.hyper[2] : a.bias2, scale = a.scale ? *a.scale : a.grad_scale;
+  if (!std::isfinite(scale)) return;  // a skipped step (adamw.h)
   parallel_for(0, a.n, int64_t{1} << 14, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float g = static_cast<float>(detail::load(grad, i)) * scale;

@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(256)
     adamw_kernel(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                  C* __restrict__ copy, int64_t n, Hyper given) {
   const Hyper h = resolve(given);
+  if (!isfinite(h.grad_scale)) return;  // a skipped step (kernels/adamw.h): nothing is written
   constexpr bool kCopy = !std::is_same_v<C, NoCopy>;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

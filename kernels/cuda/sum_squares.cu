@@ -79,21 +79,24 @@ __global__ void __launch_bounds__(1024)
 
 int64_t chunks_of(const SquaresInput& x) { return ceil_div(x.n, kChunk); }
 
-__global__ void clip_scale_kernel(const void* sumsq, bool f64, double max_norm, float* out) {
+__global__ void clip_scale_kernel(const void* sumsq, bool f64, double max_norm, float* out,
+                                  const double* loss) {
   const double sq =
       f64 ? *static_cast<const double*>(sumsq) : static_cast<double>(*static_cast<const float*>(sumsq));
   const double norm = sqrt(sq);
   const double c = max_norm / (norm + 1e-6);
   out[0] = static_cast<float>(norm);
-  out[1] = static_cast<float>(max_norm <= 0 || c >= 1.0 ? 1.0 : c);
+  const bool usable = isfinite(norm) && (loss == nullptr || isfinite(*loss));
+  out[1] = !usable ? __int_as_float(0x7fc00000) : static_cast<float>(max_norm <= 0 || c >= 1.0 ? 1.0 : c);
 }
 
 }  // namespace
 
-void clip_scale(const void* sumsq, DType dt, double max_norm, float* out, cudaStream_t stream) {
+void clip_scale(const void* sumsq, DType dt, double max_norm, float* out, const double* loss,
+                cudaStream_t stream) {
   BT_CHECK(dt == DType::F32 || dt == DType::F64,
            "cuda clip_scale: the sum of squares must be f32 or f64, got ", dt);
-  clip_scale_kernel<<<1, 1, 0, stream>>>(sumsq, dt == DType::F64, max_norm, out);
+  clip_scale_kernel<<<1, 1, 0, stream>>>(sumsq, dt == DType::F64, max_norm, out, loss);
   BT_KERNEL_CHECK();
 }
 

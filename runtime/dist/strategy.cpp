@@ -44,6 +44,13 @@ class LocalStrategy : public Strategy {
   AdamW::StepScalars advance(double lr) override { return opt_->advance(lr); }
   void apply_step(const Tensor& hyper, const Tensor& scale) override { opt_->apply(hyper, scale); }
   Device device() const override { return params_[0].device(); }
+  void step_skipped() override { opt_->retract(); }
+  std::vector<std::pair<size_t, Tensor>> gradient_parts() const override {
+    std::vector<std::pair<size_t, Tensor>> out;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (Tensor g = params_[i].grad(); g.defined()) out.emplace_back(i, std::move(g));
+    return out;
+  }
   uint64_t optimizer_state_bytes() const override { return 2 * f32_bytes(params_); }
   uint64_t gradient_bytes() const override { return f32_bytes(params_); }
   uint64_t parameter_bytes() const override { return f32_bytes(params_); }
@@ -120,6 +127,14 @@ Tensor sharded_sum_squares(const std::vector<Tensor>& pieces, const Device& devi
   Tensor sq = bt::grad_sum_squares(pieces, device).to(DType::F64);
   pg.all_reduce(sq, ReduceOp::Sum);
   return sq;
+}
+
+std::vector<std::pair<size_t, Tensor>> piece_gradients(const std::vector<Tensor>& pieces,
+                                                       const std::vector<std::pair<size_t, int64_t>>& at) {
+  std::vector<std::pair<size_t, Tensor>> out;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (Tensor g = pieces[k].grad(); g.defined()) out.emplace_back(at[k].first, std::move(g));
+  return out;
 }
 
 StatePiece state_piece(const char* kind, const ParamSpec& p, int64_t begin, const Tensor& data) {

@@ -84,6 +84,15 @@ class Strategy {
   virtual void apply_step(const Tensor& hyper, const Tensor& grad_scale) = 0;
   /// The device this rank's parameters live on.
   virtual Device device() const = 0;
+  /// After apply_step skipped its update (a non-finite multiplier, Note
+  /// [Non-finite steps] in runtime/train/trainer.cpp): counts advance()'s
+  /// step back out, so the state is what the step before left.
+  virtual void step_skipped() = 0;
+  /// This rank's gradients as after_backward leaves them, each with the index
+  /// of its parameter (in the order the strategy was given them): whole
+  /// gradients (local, ddp) or this rank's pieces of them (zero1/2/3). For
+  /// diagnosis (which parameter's gradient is not finite), not for the step.
+  virtual std::vector<std::pair<size_t, Tensor>> gradient_parts() const = 0;
 
   /// sqrt(grad_sum_squares()), read back to the host.
   double grad_norm();
@@ -123,6 +132,11 @@ struct StrategyOptions {
 /// Appends `t` to the AdamW group with weight decay `wd`, creating the group
 /// on first use (groups stay in order of first appearance).
 void add_to_group(std::vector<AdamW::Group>& groups, const Tensor& t, double wd);
+
+/// Each piece's gradient with its parameter's index (`at[k].first`): what
+/// gradient_parts() returns for strategies that keep shards.
+std::vector<std::pair<size_t, Tensor>> piece_gradients(const std::vector<Tensor>& pieces,
+                                                       const std::vector<std::pair<size_t, int64_t>>& at);
 
 /// The sum of squares of the gradients of `pieces` (this rank's shards) over
 /// all ranks of `pg`: each rank's f32 sum, added in f64 by an all_reduce.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "runtime/dist/auth.h"
 #include "runtime/dist/tcp_socket.h"
 #include "runtime/dist/tcp_store.h"
 
@@ -144,13 +146,21 @@ void TcpStar::accept_peers(TcpStore& store, const std::string& key, int64_t gen)
       if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) <= 0) continue;
       const int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) continue;
-      // A rank sends its hello as soon as it connects; a stranger that says
-      // nothing within a second (or the wrong thing) is dropped.
+      // A rank proves the job token and sends its hello as soon as it
+      // connects; a stranger that says nothing within a second, or the wrong
+      // thing, is dropped and named (Note [Authenticated rendezvous]).
       timeval tv{1, 0};
       ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      std::string why;
       Hello h{};
-      if (!net::recv_all(c, &h, sizeof h) || h.magic != kMagic || h.rank < 1 || h.rank >= size_ ||
-          h.channel < 0 || h.channel > 1) {
+      if (!auth::accept_peer(c, store.token(), std::chrono::seconds(1), &why)) {
+      } else if (!net::recv_all(c, &h, sizeof h) || h.magic != kMagic || h.rank < 1 || h.rank >= size_ ||
+                 h.channel < 0 || h.channel > 1) {
+        why = "it proved the job token but sent no valid hello";
+      }
+      if (!why.empty()) {
+        std::fprintf(stderr, "tcp process group: rank 0 refused a connection from %s: %s\n",
+                     auth::peer_of(c).c_str(), why.c_str());
         ::close(c);
         continue;
       }
@@ -194,6 +204,9 @@ void TcpStar::connect_to_root(TcpStore& store, const std::string& key, int64_t g
     BT_CHECK(fd >= 0, "tcp process group: rank ", rank_, " cannot connect to rank 0 at ", addr, " within ",
              seconds(store.timeout()), " (", why, ")", kReach);
     (channel == 0 ? l.data : l.ctrl) = fd;
+    BT_CHECK(auth::join(fd, store.token(),
+                        std::min<std::chrono::milliseconds>(store.timeout(), std::chrono::seconds(10)), &why),
+             "tcp process group: rank 0 at ", addr, " did not let rank ", rank_, " in: ", why);
     const Hello h{kMagic, rank_, channel, 0, gen};
     BT_CHECK(net::send_all(fd, &h, sizeof h), "tcp process group: rank 0 at ", addr,
              " closed the connection at once", kReach);

@@ -2,15 +2,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "kernels/common/error.h"
+#include "runtime/dist/auth.h"
 #include "runtime/dist/tcp_socket.h"
 
 namespace bt::dist {
@@ -35,10 +40,22 @@ bool recv_str(int fd, std::string& s) {
 
 std::string seconds(std::chrono::milliseconds t) { return cat(t.count() / 1000.0, " s"); }
 
+/// `s` as a whole decimal int64, or false (a counter that is not one).
+bool decimal(const std::string& s, int64_t* v) {
+  const char* end = s.data() + s.size();
+  const auto [p, ec] = std::from_chars(s.data(), end, *v);
+  return ec == std::errc() && p == end && !s.empty();
+}
+
+// How long a client waits for rank 0's greeting, and rank 0 for a client's
+// proof (Note [Authenticated rendezvous]).
+constexpr std::chrono::milliseconds kGreetingWait{10'000}, kProofWait{1'000};
+
 }  // namespace
 
-TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout)
-    : host_(host), port_(port), timeout_(timeout) {
+TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout,
+                   std::string token)
+    : host_(host), port_(port), timeout_(timeout), token_(std::move(token)) {
   BT_CHECK(port >= 0 && port < 65536, "rendezvous: port ", port, " is not a TCP port (MASTER_PORT)");
   if (serve) {
     std::string why;
@@ -57,6 +74,11 @@ TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::m
     BT_FAIL("rendezvous timeout: cannot reach ", host_, ":", port_, " (MASTER_ADDR:MASTER_PORT) within ",
             seconds(timeout_), " (", last, "); check that rank 0 runs and the address is reachable");
   }
+  std::string why;
+  if (!auth::join(fd_, token_, std::min(timeout_, kGreetingWait), &why)) {
+    shutdown();
+    BT_FAIL("rendezvous: ", host_, ":", port_, " (MASTER_ADDR:MASTER_PORT) did not let this rank in: ", why);
+  }
 }
 
 TcpStore::~TcpStore() { shutdown(); }
@@ -74,6 +96,15 @@ void TcpStore::shutdown() {
 
 void TcpStore::serve_loop() {
   std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+  // Per client (fds[i + 2]): the nonce it was greeted with, until it proved
+  // the token (Note [Authenticated rendezvous]).
+  std::vector<std::optional<auth::Nonce>> pending;
+  auto drop = [&](size_t& i) {
+    ::close(fds[i].fd);
+    fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 2));
+    --i;
+  };
   for (;;) {
     if (::poll(fds.data(), fds.size(), -1) < 0) {
       if (errno == EINTR) continue;
@@ -82,11 +113,32 @@ void TcpStore::serve_loop() {
     if (fds[1].revents) break;  // shutting down
     if (fds[0].revents & POLLIN) {
       const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) fds.push_back({c, POLLIN, 0});
+      auth::Nonce sent;
+      if (c >= 0 && auth::greet(c, !token_.empty(), &sent)) {
+        // A request arrives whole from a rank; a peer that stops halfway
+        // through one is dropped after this long instead of stalling the store.
+        const timeval tv{5, 0};
+        ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        fds.push_back({c, POLLIN, 0});
+        pending.push_back(token_.empty() ? std::nullopt : std::optional<auth::Nonce>(sent));
+      } else if (c >= 0) {
+        ::close(c);
+      }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       const int c = fds[i].fd;
+      if (std::optional<auth::Nonce>& n = pending[i - 2]) {
+        std::string why;
+        if (auth::answer(c, *n, token_, kProofWait, &why)) {
+          n.reset();
+        } else {
+          std::fprintf(stderr, "rendezvous: refused a connection to the store from %s: %s\n",
+                       auth::peer_of(c).c_str(), why.c_str());
+          drop(i);
+        }
+        continue;
+      }
       uint8_t op = 0;
       std::string key, value;
       bool ok = recv_all(c, &op, 1) && recv_str(c, key) && recv_str(c, value);
@@ -100,17 +152,17 @@ void TcpStore::serve_loop() {
         ok = send_all(c, &found, 1) && (!found || send_str(c, it->second));
       } else if (ok && op == kAdd) {
         const auto it = data_.find(key);
-        const int64_t v = (it == data_.end() ? 0 : std::stoll(it->second)) + std::stoll(value);
-        data_[key] = std::to_string(v);
-        ok = send_all(c, &v, sizeof v);
+        int64_t have = 0, delta = 0;
+        ok = (it == data_.end() || decimal(it->second, &have)) && decimal(value, &delta) &&
+             !__builtin_add_overflow(have, delta, &have);
+        if (ok) {
+          data_[key] = std::to_string(have);
+          ok = send_all(c, &have, sizeof have);
+        }
       } else {
         ok = false;
       }
-      if (!ok) {  // the client left (or spoke nonsense): drop it
-        ::close(c);
-        fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
-        --i;
-      }
+      if (!ok) drop(i);  // the client left (or spoke nonsense)
     }
   }
   for (size_t i = 2; i < fds.size(); ++i) ::close(fds[i].fd);

@@ -8,7 +8,10 @@
 //   reply    SET: u8 1 | CHECK: u8 found, then u32 length + value if found |
 //            ADD: i64 new value (the value is a decimal integer)
 // Waiting for a key is the client polling CHECK until its deadline, so the
-// server never blocks on one client.
+// server never blocks on one client. Every connection starts with the job
+// token's handshake (Note [Authenticated rendezvous] in auth.cpp): a peer
+// that does not prove the token is dropped and named in rank 0's log, and the
+// store goes on serving the job.
 #pragma once
 
 #include <chrono>
@@ -23,8 +26,12 @@ class TcpStore {
  public:
   /// Connects to host:port (retrying until `timeout`); with `serve`, first
   /// listens on port (all interfaces; 0 picks a free port, see port()).
-  /// Throws bt::Error naming host:port when it cannot listen or connect.
-  TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout);
+  /// `token`: the job's secret, which every connection must prove; empty for
+  /// none (dist.insecure), which rank 0 and every rank must agree on. Throws
+  /// bt::Error naming host:port when it cannot listen or connect, or when the
+  /// server does not accept the token.
+  TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout,
+           std::string token);
   ~TcpStore();
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
@@ -41,6 +48,9 @@ class TcpStore {
   const std::string& host() const { return host_; }
   /// How long get() and the connection wait.
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// The job token connections prove (empty: none); the TCP process group
+  /// asks its peers for the same.
+  const std::string& token() const { return token_; }
 
  private:
   std::string request(uint8_t op, const std::string& key, const std::string& value);
@@ -50,6 +60,7 @@ class TcpStore {
   std::string host_;
   int port_ = 0;
   std::chrono::milliseconds timeout_;
+  std::string token_;
   int listen_fd_ = -1, fd_ = -1, wake_[2] = {-1, -1};
   std::thread server_;
   std::map<std::string, std::string> data_;  // the server's table (server thread only)

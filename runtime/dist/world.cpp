@@ -2,10 +2,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include <unistd.h>
 
+#include "runtime/dist/auth.h"
 #include "runtime/dist/checks.h"
 #include "runtime/dist/mpi_process_group.h"
 #include "runtime/dist/nccl_process_group.h"
@@ -50,7 +52,7 @@ int env_int(const char* name, int lo, int hi) {
 /// then carries what the process groups need to connect: the NCCL unique id,
 /// and where rank 0's TCP group listens (Note [TCP process group]). It stays
 /// up until finalize_world, after the groups are gone.
-void init_from_env() {
+void init_from_env(bool insecure) {
   const int size = env_int("WORLD_SIZE", 1, 1 << 20);
   const int rank = env_int("RANK", 0, size - 1);
   g_world.rank = rank;
@@ -65,8 +67,21 @@ void init_from_env() {
   const double timeout_s =
       has_env("BT_RENDEZVOUS_TIMEOUT_S") ? std::atof(std::getenv("BT_RENDEZVOUS_TIMEOUT_S")) : 300;
   BT_CHECK(timeout_s > 0, "BT_RENDEZVOUS_TIMEOUT_S must be > 0 seconds");
+  // Note [Authenticated rendezvous] in auth.cpp.
+  const std::optional<std::string> token = auth::job_token();
+  BT_CHECK(token || insecure, "this job of ", size,
+           " ranks was started with torchrun-style variables but without a job token, so anyone who can "
+           "reach MASTER_ADDR:MASTER_PORT (",
+           addr, ":", port,
+           ") could join it. Give every rank the same secret in BT_JOB_TOKEN (e.g. "
+           "BT_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')) or a file named by "
+           "BT_JOB_TOKEN_FILE; `blutrain k8s render` makes one per job. On a network only this job uses, "
+           "dist.insecure: true runs without one");
+  if (token && insecure && rank == 0)
+    std::fprintf(stderr, "rendezvous: dist.insecure is true, but a job token is set: using it\n");
   g_store = std::make_unique<TcpStore>(addr, port, rank == 0,
-                                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+                                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+                                       token.value_or(""));
   TcpStore& st = *g_store;
   BT_CHECK(st.add(cat("rank/", rank, "/claims"), 1) == 1, "RANK=", rank,
            " is used by two processes; give every rank its own RANK in [0, WORLD_SIZE)");
@@ -107,7 +122,7 @@ void init_from_env() {
 
 }  // namespace
 
-const World& init_world() {
+const World& init_world(bool insecure) {
   if (g_init) return g_world;
   int already = 0;
   BT_MPI_CHECK(MPI_Initialized(&already));
@@ -134,7 +149,7 @@ const World& init_world() {
     g_world.mpi = true;
     g_world.launched_by = "mpi";
   } else if (has_env("RANK") || has_env("WORLD_SIZE") || has_env("LOCAL_RANK")) {
-    init_from_env();  // Note [Rendezvous]
+    init_from_env(insecure);  // Note [Rendezvous]
   } else {
     g_world.launched_by = "single";
   }

@@ -8,7 +8,9 @@
 //      (never from host names);
 //   2. torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 //      MASTER_PORT; Kubernetes): a TCP rendezvous served by rank 0 (Note
-//      [Rendezvous] in world.cpp; BT_RENDEZVOUS_TIMEOUT_S, default 300). Such
+//      [Rendezvous] in world.cpp; BT_RENDEZVOUS_TIMEOUT_S, default 300),
+//      every connection proving the job token, BT_JOB_TOKEN or
+//      BT_JOB_TOKEN_FILE (Note [Authenticated rendezvous] in auth.cpp). Such
 //      a job shares CUDA tensors through NCCL and CPU tensors through a TCP
 //      star via rank 0 (Note [TCP process group] in tcp_process_group.cpp);
 //   3. neither: a world of one, and MPI is never initialized (unless the host
@@ -32,8 +34,10 @@ struct World {
 
 /// Finds this process's place (see the top of this file) and initializes MPI
 /// when the job was started by it. Idempotent; throws bt::Error on a broken
-/// environment (a partial set of variables, a size that does not match).
-const World& init_world();
+/// environment (a partial set of variables, a size that does not match), and
+/// for a torchrun-style job of several ranks without a job token unless
+/// `insecure` (dist.insecure) lets its rendezvous run open.
+const World& init_world(bool insecure = false);
 /// The world init_world() found (a world of one before it runs).
 const World& world();
 /// The CPU group over every rank (created on first use): MPI when MPI started

@@ -35,6 +35,10 @@ class ZeroStrategy : public Strategy {
   AdamW::StepScalars advance(double lr) override { return opt_->advance(lr); }
   void apply_step(const Tensor& hyper, const Tensor& grad_scale) override;
   Device device() const override;
+  void step_skipped() override { opt_->retract(); }
+  std::vector<std::pair<size_t, Tensor>> gradient_parts() const override {
+    return piece_gradients(pieces_, piece_at_);
+  }
   uint64_t optimizer_state_bytes() const override;
   uint64_t gradient_bytes() const override;
   uint64_t parameter_bytes() const override { return static_cast<uint64_t>(padded_) * sizeof(float); }

@@ -45,6 +45,11 @@ AdamW::StepScalars AdamW::advance(double lr) {
   return s;
 }
 
+void AdamW::retract() {
+  BT_CHECK(steps_ > 0, "AdamW::retract: no step was counted");
+  --steps_;
+}
+
 void AdamW::apply(const Tensor& hyper, const Tensor& scale) {
   NoGradGuard ng;
   auto check = [](const Tensor& t, int64_t n, const Tensor& p, const char* what) {

@@ -53,8 +53,12 @@ class AdamW {
   /// The device half: updates every parameter that has a gradient, reading
   /// {lr, bias1, bias2} from `hyper` (F32 [3]) and the gradients' multiplier
   /// from `scale` (F32 [1]), both on the parameters' device. Reads nothing
-  /// back to the host.
+  /// back to the host. A multiplier that is not finite skips the update on
+  /// the device: parameters and moments keep their bits (then call retract()).
   void apply(const Tensor& hyper, const Tensor& scale);
+  /// Counts the last advance() back out: its update was skipped (a non-finite
+  /// multiplier), so the next step reuses its bias corrections.
+  void retract();
   /// advance(lr()) and apply() with those values. `grad_scale` multiplies the
   /// gradients first (gradient clipping / accumulation averaging).
   void step(double grad_scale = 1.0);

@@ -22,17 +22,22 @@ double global_grad_norm(const std::vector<Tensor>& params) {
   return std::sqrt(static_cast<double>(grad_sum_squares(params, params[0].device()).item<float>()));
 }
 
-Tensor clip_scale(const Tensor& sumsq, double max_norm) {
+Tensor clip_scale(const Tensor& sumsq, double max_norm, const Tensor& loss) {
   BT_CHECK(sumsq.numel() == 1 && sumsq.is_contiguous() &&
                (sumsq.dtype() == DType::F32 || sumsq.dtype() == DType::F64),
            "clip_scale: the sum of squares must be one contiguous f32 or f64 value, got ", sumsq.dtype(), " ",
            shape_str(sumsq.shape()));
+  BT_CHECK(!loss.defined() || (loss.numel() == 1 && loss.is_contiguous() && loss.dtype() == DType::F64 &&
+                               loss.device() == sumsq.device()),
+           "clip_scale: the loss must be one contiguous f64 value on ", sumsq.device(), ", got ",
+           loss.dtype(), " ", shape_str(loss.shape()), " on ", loss.device());
+  const double* l = loss.defined() ? loss.data<double>() : nullptr;
   Tensor out = empty({2}, TensorOptions{DType::F32, sumsq.device()});
   detail::on_device(
       sumsq.device(),
-      [&] { kernels::cpu::clip_scale(sumsq.data_ptr(), sumsq.dtype(), max_norm, out.data<float>()); },
-      BT_CUDA_LAMBDA(
-          kernels::cuda::clip_scale(sumsq.data_ptr(), sumsq.dtype(), max_norm, out.data<float>(), stream)));
+      [&] { kernels::cpu::clip_scale(sumsq.data_ptr(), sumsq.dtype(), max_norm, out.data<float>(), l); },
+      BT_CUDA_LAMBDA(kernels::cuda::clip_scale(sumsq.data_ptr(), sumsq.dtype(), max_norm, out.data<float>(),
+                                               l, stream)));
   return out;
 }
 

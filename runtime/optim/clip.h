@@ -19,8 +19,10 @@ double global_grad_norm(const std::vector<Tensor>& params);
 /// {norm, clip factor} as F32 [2] on the device of `sumsq` (a global sum of
 /// squares, F32 or F64 [1]): clip_coefficient's formula, in the same doubles,
 /// computed on the device so an optimizer step reads no value back (Note [Step
-/// scalars] in runtime/optim/adamw.h).
-Tensor clip_scale(const Tensor& sumsq, double max_norm);
+/// scalars] in runtime/optim/adamw.h). The factor is NaN, so AdamW skips the
+/// update, when the norm is not finite or `loss` (optional: F64 [1] on the
+/// same device) is not (Note [Non-finite steps] in runtime/train/trainer.cpp).
+Tensor clip_scale(const Tensor& sumsq, double max_norm, const Tensor& loss = Tensor());
 
 /// The factor that scales gradients of norm `norm` down to `max_norm`:
 /// min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).

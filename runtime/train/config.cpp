@@ -86,6 +86,9 @@ void TrainConfig::validate(int world) const {
   BT_CHECK(t.beta2 >= 0 && t.beta2 < 1, "train.beta2 must be in [0, 1), got ", t.beta2);
   positive("train.eps", t.eps);
   non_negative("train.grad_clip", t.grad_clip);
+  BT_CHECK(t.nonfinite == "stop" || t.nonfinite == "skip", "train.nonfinite must be stop or skip, got '",
+           t.nonfinite, "'");
+  positive("train.max_skipped_steps", static_cast<double>(t.max_skipped_steps));
   try {
     if (t.device != "auto") parse_device(t.device);
   } catch (const Error& e) {

@@ -29,7 +29,12 @@ struct TrainOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;          // 0 = off
+  double grad_clip = 1.0;  // 0 = off
+  // A step whose loss or gradient is not finite (Note [Non-finite steps] in
+  // trainer.cpp) never updates; then: stop = end the run, skip = go on, up to
+  // max_skipped_steps such steps in a row.
+  std::string nonfinite = "stop";  // stop | skip
+  int64_t max_skipped_steps = 5;
   std::string device = "auto";     // auto | cpu | cuda | cuda:N
   std::string precision = "fp32";  // fp32 | tf32 | fp32x3 | bf16
   std::string recompute = "auto";  // auto | none | selective | full (Note [Recompute defaults])
@@ -75,6 +80,9 @@ struct DistOptions {
   std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3
   double bucket_mb = 25.0;       // gradient bucket size (ddp)
   double timeout_s = 300.0;      // deadline of every collective
+  // A torchrun-style job runs its rendezvous without a job token (Note
+  // [Authenticated rendezvous] in runtime/dist/auth.cpp): trusted networks only.
+  bool insecure = false;
 };
 
 struct TrainConfig {

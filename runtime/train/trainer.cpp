@@ -1,8 +1,12 @@
 #include "runtime/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -19,6 +23,7 @@
 #include "runtime/dist/world.h"
 #include "runtime/nn/registry.h"
 #include "runtime/ops/elementwise.h"
+#include "runtime/ops/reduce.h"
 #include "runtime/optim/clip.h"
 #include "runtime/tensor/factory.h"
 
@@ -71,6 +76,39 @@ namespace bt::train {
 // the CPU. A capture that fails falls back to eager steps with a notice; the
 // switch and the reason are logged (take_notice()).
 
+// Note [Non-finite steps]
+// A NaN or an infinity in one gradient, on one rank, must not reach the
+// weights: a checkpoint of that step would keep them, and every later step
+// would build on them. So a step whose gradients or loss are not finite does
+// not update at all, whatever train.nonfinite says:
+//   - The gate is on the device, inside the step (a CUDA graph replays it):
+//     clip_scale turns the global gradient norm and the step's loss into the
+//     gradient multiplier, NaN when either is not finite, and the AdamW
+//     kernels write nothing when their multiplier is not finite
+//     (kernels/adamw.h). Parameters, m and v keep their bits.
+//   - Every rank decides the same. A non-finite gradient on one rank reaches
+//     every rank's reduced gradients, so the global norm is not finite on all
+//     of them; the loss the gate reads is the sum over ranks (an all-reduce in
+//     the step, which the reported mean also comes from). So no extra
+//     collective is needed to agree, and none can disagree.
+//   - On the host afterwards the step is counted out of AdamW's step count
+//     (Strategy::step_skipped), so the next update uses the bias corrections
+//     it would have used. The step itself still counts: its batch was
+//     consumed and the learning-rate schedule moves on, as if that batch's
+//     update had been zero and AdamW had not seen it.
+//   - nonfinite_cause names the first parameter, in the model's order, whose
+//     gradient (this rank's part, after the reduction) holds a NaN or an
+//     infinity on any rank: one all-reduce of a flag per parameter, on this
+//     failure path only. x * 0 is 0 for a finite x and NaN otherwise, so the
+//     sum of g * 0 tells without a new kernel.
+// train.nonfinite=stop (the default) ends the run with that message; skip
+// goes on with the next batch, and stops once more than
+// train.max_skipped_steps steps in a row were skipped.
+// Tests make a gradient non-finite through BT_FAULT_NONFINITE=STEPS:PARAM[:RANK]
+// (STEPS = N or N-M): a grad-ready hook, registered before the strategy's,
+// multiplies PARAM's gradient by a staged device scalar, NaN in those steps
+// and 1 otherwise (x * 1 keeps x's bits), on every rank or on RANK only.
+
 namespace {
 constexpr int64_t kEagerSteps = 2;  // before the capture: the allocator and cuBLASLt are warm after these
 }  // namespace
@@ -114,6 +152,7 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& 
   model_ = nn::make_model(cfg_.model, device_, t.seed);
   model_->set_recompute(cfg_.recompute());
   if (init) init(*model_);
+  install_fault();  // before the strategy: its hook must see the gradient first
   dist::StrategyOptions so;
   so.name = world_ > 1 ? cfg_.dist.strategy : "local";
   so.bucket_mb = cfg_.dist.bucket_mb;
@@ -146,7 +185,7 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& 
     targets_.push_back(empty({t.micro_batch, T}, host));
   }
   hyper_ = empty({3}, TensorOptions{DType::F32, Device::cpu(), false, cuda});
-  report_ = zeros({2}, TensorOptions{DType::F32, device_});
+  report_ = zeros({2}, TensorOptions{DType::F64, device_});
   if (!cuda || !t.cuda_graph)
     graph_off_ = cuda ? "train.cuda_graph is false" : "not a CUDA device";
   else if (pg_ && !pg_->graph_blocker().empty())
@@ -170,6 +209,46 @@ Trainer::Trainer(const TrainConfig& cfg, const std::function<void(nn::Model&)>& 
     notice_ = notice_.empty() ? line : notice_ + "\n" + line;
   }
   if (cuda) cuda_reset_peak_stats(device_.index);
+}
+
+void Trainer::install_fault() {
+  const char* env = std::getenv("BT_FAULT_NONFINITE");
+  if (env == nullptr || *env == '\0') return;
+  const std::string spec = env;
+  long long first = 0, last = 0;
+  int used = 0;
+  const bool range = std::sscanf(spec.c_str(), "%lld-%lld:%n", &first, &last, &used) == 2 && used > 0;
+  if (!range) {
+    used = 0;
+    BT_CHECK(std::sscanf(spec.c_str(), "%lld:%n", &first, &used) == 1 && used > 0, "BT_FAULT_NONFINITE='",
+             spec, "': expected STEPS:PARAM[:RANK], STEPS = N or N-M");
+    last = first;
+  }
+  std::string param = spec.substr(static_cast<size_t>(used));
+  int only_rank = -1;
+  if (const size_t colon = param.rfind(':'); colon != std::string::npos) {
+    char* end = nullptr;
+    const long r = std::strtol(param.c_str() + colon + 1, &end, 10);
+    BT_CHECK(colon + 1 < param.size() && *end == '\0' && r >= 0 && r < world_, "BT_FAULT_NONFINITE='", spec,
+             "': RANK must be a rank of this job, 0 to ", world_ - 1);
+    only_rank = static_cast<int>(r);
+    param.resize(colon);
+  }
+  BT_CHECK(first >= 1 && last >= first, "BT_FAULT_NONFINITE='", spec, "': steps must be 1 <= N <= M");
+  const nn::NamedTensors& named = model_->named_parameters();
+  const auto it = std::find_if(named.begin(), named.end(), [&](const auto& p) { return p.first == param; });
+  BT_CHECK(it != named.end(), "BT_FAULT_NONFINITE='", spec, "': the model has no parameter '", param,
+           "' (its first is '", named.front().first, "')");
+  if (only_rank >= 0 && only_rank != rank_) return;
+  fault_first_ = first;
+  fault_last_ = last;
+  const bool cuda = device_.is_cuda();
+  poison_host_ = full({1}, 1.0, TensorOptions{DType::F32, Device::cpu(), false, /*pinned=*/cuda});
+  it->second.register_grad_ready_hook([this](const Tensor& leaf) {
+    NoGradGuard ng;
+    Tensor g = leaf.grad();
+    g.copy_(mul(g, poison_));
+  });
 }
 
 void Trainer::stage(int64_t j, const Batch& b) {
@@ -197,6 +276,7 @@ void Trainer::device_step() {
     strategy_->zero_grad();
   }
   const Tensor hyper = hyper_.to(device_, /*non_blocking=*/true);
+  if (poison_host_.defined()) poison_ = poison_host_.to(device_, /*non_blocking=*/true);
   Tensor loss_sum;
   for (int64_t j = 0; j < accum_; ++j) {
     Tensor x, loss;
@@ -228,15 +308,22 @@ void Trainer::device_step() {
   }
   NoGradGuard ng;
   Tensor clip;
+  // The step's loss summed over micro-steps and ranks: the gate reads it
+  // (Note [Non-finite steps]), and the reported mean comes from it. A copy,
+  // not to(F64): under train.compile a cast is recorded into a fusion group,
+  // and CUDA fusion kernels are generated for f32 and bf16 only.
+  Tensor loss_total = empty({1}, TensorOptions{DType::F64, device_});
+  loss_total.copy_(loss_sum.reshape({1}));
   {
     ProfileScope prof("grad_norm");
-    clip = clip_scale(strategy_->grad_sum_squares(), cfg_.train.grad_clip);  // {norm, factor}
+    if (pg_) pg_->all_reduce(loss_total, dist::ReduceOp::Sum);
+    clip = clip_scale(strategy_->grad_sum_squares(), cfg_.train.grad_clip, loss_total);  // {norm, factor}
   }
   {
     ProfileScope prof("optimizer");
     strategy_->apply_step(hyper, clip.narrow(0, 1, 1));
   }
-  report_.narrow(0, 0, 1).copy_(loss_sum.reshape({1}));
+  report_.narrow(0, 0, 1).copy_(loss_total);
   report_.narrow(0, 1, 1).copy_(clip.narrow(0, 0, 1));
 }
 
@@ -254,6 +341,10 @@ StepStats Trainer::step() {
   const AdamW::StepScalars h = strategy_->advance(s.lr);
   float* hp = hyper_.data<float>();
   hp[0] = h.lr, hp[1] = h.bias1, hp[2] = h.bias2;
+  if (poison_host_.defined())
+    *poison_host_.data<float>() = step_ + 1 >= fault_first_ && step_ + 1 <= fault_last_
+                                      ? std::numeric_limits<float>::quiet_NaN()
+                                      : 1.0f;
   // The step waits for work queued elsewhere: initialization, a checkpoint's
   // load, or a snapshot still reading the parameters.
   stream_wait(stream_, Stream::current(device_));
@@ -261,7 +352,7 @@ StepStats Trainer::step() {
     stream_wait(stream_, *update_fence_);
     update_fence_.reset();
   }
-  std::vector<float> rep;
+  std::vector<double> rep;
   const fusion::LazyStats before = fusion::lazy_stats();
   {
     StreamGuard on(stream_);
@@ -289,11 +380,16 @@ StepStats Trainer::step() {
       device_step();
       ++eager_steps_;
     }
-    rep = report_.to_vector<float>();  // waits for the step
+    rep = report_.to_vector<double>();  // waits for the step
   }
   s.grad_norm = rep[1];
-  s.loss = mean_over_ranks(static_cast<double>(rep[0]) / static_cast<double>(accum_));
+  s.loss = rep[0] / static_cast<double>(accum_ * world_);  // the mean over micro-steps and ranks
   s.step = ++step_;
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
+    on_nonfinite(s);
+  else
+    skipped_in_row_ = 0;
+  s.skipped_steps = skipped_total_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokens = cfg_.train.batch_size * cfg_.model.seq_len;
   s.tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
@@ -329,6 +425,52 @@ StepStats Trainer::step() {
                     " fusion group(s) ran eagerly (they did not compile; see the warnings above)");
   }
   return s;
+}
+
+std::string Trainer::nonfinite_cause(const StepStats& s) {
+  NoGradGuard ng;
+  const nn::NamedTensors& named = model_->named_parameters();
+  std::vector<float> bad(named.size(), 0.0f);
+  for (const auto& [i, g] : strategy_->gradient_parts())
+    if (!std::isfinite(sum(mul(g, 0.0)).item<float>())) bad[i] = 1.0f;
+  if (pg_) {
+    Tensor t =
+        from_vector<float>(bad, {static_cast<int64_t>(bad.size())}, TensorOptions{DType::F32, device_});
+    pg_->all_reduce(t, dist::ReduceOp::Sum);
+    bad = t.to_vector<float>();
+  }
+  const auto first = std::find_if(bad.begin(), bad.end(), [](float b) { return b > 0; });
+  const auto others =
+      std::count_if(first == bad.end() ? first : first + 1, bad.end(), [](float b) { return b > 0; });
+  std::string cause;
+  if (first != bad.end())
+    cause = cat("the gradient of ", named[static_cast<size_t>(first - bad.begin())].first, " is not finite",
+                others > 0 ? cat(" (nor are those of ", others, " later parameters)") : std::string());
+  else if (!std::isfinite(s.loss))
+    cause = "the loss itself is not finite (every gradient is)";
+  else
+    cause = "every gradient is finite, but their global norm overflowed";
+  return fmt::format("step {}: {}; loss {}, gradient norm {}", s.step, cause, s.loss, s.grad_norm);
+}
+
+void Trainer::on_nonfinite(StepStats& s) {
+  strategy_->step_skipped();
+  s.skipped = true;
+  s.nonfinite = nonfinite_cause(s);
+  ++skipped_total_;
+  ++skipped_in_row_;
+  const TrainOptions& t = cfg_.train;
+  BT_CHECK(t.nonfinite == "skip", "training stopped at ", s.nonfinite,
+           ". The update was not applied: the weights are those after step ", s.step - 1,
+           ". Lower train.lr, raise train.warmup_steps or use train.precision=fp32; or set "
+           "train.nonfinite=skip to skip such steps");
+  BT_CHECK(skipped_in_row_ <= t.max_skipped_steps, "training stopped: ", skipped_in_row_,
+           " steps in a row were skipped, more than train.max_skipped_steps=", t.max_skipped_steps,
+           "; the last, ", s.nonfinite, ". The weights are those after step ", s.step - skipped_in_row_,
+           ". Lower train.lr or use train.precision=fp32");
+  notice_ = cat(notice_.empty() ? "" : notice_ + "\n", "skipped ", s.nonfinite,
+                ". Weights and optimizer state are unchanged (", skipped_in_row_,
+                " in a row; train.max_skipped_steps=", t.max_skipped_steps, ")");
 }
 
 TrainerCounters Trainer::counters() const {

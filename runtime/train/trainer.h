@@ -98,6 +98,12 @@ struct StepStats {
   int64_t recompiles = 0;              // groups compiled in this step, after this run's first step
   int64_t kernels_compiled = 0;        // kernels whose code this step generated
   int64_t kernels_loaded = 0;          // kernels this step loaded from the compiler's kernel cache
+  // Note [Non-finite steps] in trainer.cpp: a step whose loss or gradient
+  // norm is not finite did not update anything (train.nonfinite=skip; under
+  // stop, step() throws instead).
+  bool skipped = false;
+  std::string nonfinite;      // skipped: what was not finite, and where
+  int64_t skipped_steps = 0;  // steps skipped so far by this Trainer
 };
 
 /// The scalar training state a checkpoint keeps besides the state pieces.
@@ -193,6 +199,20 @@ class Trainer {
   std::string notice_;
   bool compile_ = false;       // train.compile in effect (Note [Lazy fusion]; off without a compiler)
   int64_t compile_steps_ = 0;  // steps this Trainer ran with it
+  // Note [Non-finite steps].
+  int64_t skipped_in_row_ = 0, skipped_total_ = 0;
+  int64_t fault_first_ = 0, fault_last_ = -1;  // BT_FAULT_NONFINITE's steps (none: first > last)
+  Tensor poison_host_, poison_;                // its gradient multiplier: staged, and on the device
+  /// Registers BT_FAULT_NONFINITE's hook, when the variable is set.
+  void install_fault();
+  /// After a step whose loss or norm was not finite: counts the skipped
+  /// update out, names the cause, and throws under train.nonfinite=stop or
+  /// past train.max_skipped_steps. Collective.
+  void on_nonfinite(StepStats& s);
+  /// What was not finite: the first parameter (in the model's order) whose
+  /// gradient holds a NaN or an infinity on any rank, else the loss or the
+  /// norm. Collective.
+  std::string nonfinite_cause(const StepStats& s);
   /// Copies micro-batch `j` into the staging tensors after checking its ids.
   void stage(int64_t j, const Batch& b);
   /// The step's device work, from the staged batches and scalars to the

@@ -105,7 +105,7 @@ class K8sRender : public ::testing::Test {
 TEST_F(K8sRender, EveryObjectIsNamespacedAndLabelled) {
   for (K8sMode mode : {K8sMode::indexed, K8sMode::mpijob}) {
     const std::vector<YAML::Node> docs = YAML::LoadAll(render(mode));
-    ASSERT_EQ(docs.size(), mode == K8sMode::indexed ? 4u : 3u);
+    ASSERT_EQ(docs.size(), mode == K8sMode::indexed ? 5u : 3u);
     for (const YAML::Node& d : docs) {
       SCOPED_TRACE(d["kind"].as<std::string>());
       EXPECT_EQ(d["metadata"]["namespace"].as<std::string>(), "research");
@@ -151,6 +151,32 @@ TEST_F(K8sRender, IndexedJobGivesEveryRankItsRendezvous) {
   EXPECT_EQ(c["image"].as<std::string>(), "registry.example/blutrain:1.0");
   EXPECT_EQ(c["command"].as<std::vector<std::string>>(),
             (std::vector<std::string>{"blutrain", "train", "--config", "/etc/blutrain/config.yaml"}));
+}
+
+// Note [Authenticated rendezvous]: an Indexed Job's ranks read the job token
+// from a Secret of its own, never from the pod spec; every render makes a new
+// 64-hex-digit token; -o writes the file for its owner only; an MPIJob, whose
+// ranks mpirun starts, has no TCP rendezvous and no token.
+TEST_F(K8sRender, IndexedJobRanksReadANewJobTokenFromASecret) {
+  auto docs = by_kind(render(K8sMode::indexed));
+  const YAML::Node secret = docs["Secret"];
+  EXPECT_EQ(secret["metadata"]["name"].as<std::string>(), "tiny-k8s-token");
+  EXPECT_EQ(secret["type"].as<std::string>(), "Opaque");
+  const std::string token = secret["stringData"]["token"].as<std::string>();
+  EXPECT_EQ(token.size(), 64u);
+  EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << token;
+  const YAML::Node env = docs["Job"]["spec"]["template"]["spec"]["containers"][0]["env"];
+  const YAML::Node ref = named(env, "BT_JOB_TOKEN")["valueFrom"]["secretKeyRef"];
+  EXPECT_EQ(ref["name"].as<std::string>(), "tiny-k8s-token");
+  EXPECT_EQ(ref["key"].as<std::string>(), "token");
+  EXPECT_FALSE(named(env, "BT_JOB_TOKEN")["value"].IsDefined()) << "the token is not in the pod spec";
+  EXPECT_EQ(YAML::Dump(docs["Job"]).find(token), std::string::npos);
+  EXPECT_NE(by_kind(render(K8sMode::indexed))["Secret"]["stringData"]["token"].as<std::string>(), token)
+      << "each render, a new job";
+  EXPECT_EQ(by_kind(render(K8sMode::mpijob)).count("Secret"), 0u);
+  const std::string p = spec_file(kSpec), out = dir_.file("private.yaml");
+  ASSERT_EQ(k8s_cli({"k8s", "render", p, "--mode", "indexed", "-o", out}), 0);
+  EXPECT_EQ(fs::status(out).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
 }
 
 TEST_F(K8sRender, IndexedJobPodHasOneGpuShmAndTheVolumes) {

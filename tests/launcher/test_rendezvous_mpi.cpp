@@ -1,24 +1,34 @@
 // `blutrain train` started with torchrun-style variables (no MPI), as a
 // Kubernetes Indexed Job starts it: the TCP rendezvous brings the ranks
 // together, they train on CPU through the TCP process group and agree with the
-// same job under mpirun, and every way of getting the variables wrong ends
-// each rank with a message that names the problem.
+// same job under mpirun, every way of getting the variables wrong ends each
+// rank with a message that names the problem, a job without a token refuses
+// to start, and strangers at a running job's store are refused while the job
+// trains on unchanged (Note [Authenticated rendezvous]).
 // Named *_mpi: one test compares with mpirun, so the file runs with the mpi
 // tests, where LeakSanitizer is off for Open MPI's own one-time allocations.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "checkpoint/weights.h"
+#include "runtime/dist/auth.h"
+#include "runtime/dist/tcp_socket.h"
 #include "tests/support/files.h"
 #include "tests/support/free_port.h"
 #include "tests/support/paths.h"
 #include "tests/support/run_command.h"
+#include "tests/support/stranger.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
 #include "tests/support/train_outputs.h"
@@ -27,6 +37,8 @@ namespace bt {
 namespace {
 
 using test::free_port;
+
+const std::string kToken = "rendezvous-test-token-3f9c2a71";  // the jobs' BT_JOB_TOKEN
 
 class Rendezvous : public ::testing::Test {
  protected:
@@ -42,7 +54,7 @@ class Rendezvous : public ::testing::Test {
   std::string env(int rank, int world, const std::string& extra = "") const {
     return "RANK=" + std::to_string(rank) + " WORLD_SIZE=" + std::to_string(world) +
            " LOCAL_RANK=" + std::to_string(rank) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port_ +
-           " BT_RENDEZVOUS_TIMEOUT_S=5 " + extra;
+           " BT_RENDEZVOUS_TIMEOUT_S=5 BT_JOB_TOKEN=" + kToken + " " + extra;
   }
   // Runs `cmd` once per environment, all at once; returns every rank's output,
   // each after "== rank i exited with S".
@@ -180,6 +192,87 @@ TEST_F(Rendezvous, MissingVariablesAndTimeoutsAreNamed) {
   r = test::run_command("env " + env(1, 2, "BT_RENDEZVOUS_TIMEOUT_S=1") + " " + train_);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("rendezvous timeout: cannot reach 127.0.0.1:" + port_), std::string::npos) << r.out;
+}
+
+// Note [Authenticated rendezvous]: a torchrun-style job without a job token
+// refuses to start, on every rank, saying how to give it one; with
+// dist.insecure: true it runs open.
+TEST_F(Rendezvous, WithoutAJobTokenEveryRankRefusesToStartUnlessInsecure) {
+  const std::vector<std::string> open = {env(0, 2, "BT_JOB_TOKEN="), env(1, 2, "BT_JOB_TOKEN=")};
+  test::CommandResult r = ranks(open);
+  size_t n = 0;
+  for (size_t p = 0; (p = r.out.find("started with torchrun-style variables but without a job token", p)) !=
+                     std::string::npos;
+       ++p)
+    ++n;
+  EXPECT_EQ(n, 2u) << r.out;
+  EXPECT_NE(r.out.find("Give every rank the same secret in BT_JOB_TOKEN"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dist.insecure: true runs without one"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("exited with 0"), std::string::npos) << r.out;
+  r = ranks(open, train_ + " --set dist.insecure=true");
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NE(r.out.find("== rank " + std::to_string(i) + " exited with 0"), std::string::npos) << r.out;
+}
+
+// A running job's store met by strangers: one with another token, one that
+// sends garbage, one that replays a proof recorded from another handshake.
+// Rank 0 refuses each and names it in its log (address, what it sent), and the
+// job trains on to the same losses and gradient norms as an undisturbed run.
+// Rank 1 starts 3 s late, so rank 0's store is up and waiting for it while the
+// strangers call. (Rank 0's process-group port is open only while the ranks
+// connect to it: TcpProcessGroup.StrangersAtRankZerosPortAreRefusedAndTheGroupForms.)
+TEST_F(Rendezvous, StrangersAtTheStoreAreRefusedAndTheJobTrainsOnUnchanged) {
+  const std::string job = train_ + " --set train.steps=4 --metrics ";
+  const std::string slow = " BT_RENDEZVOUS_TIMEOUT_S=60";
+  test::CommandResult calm = ranks({env(0, 2, slow), env(1, 2, slow)}, job + dir_.file("calm.jsonl"));
+  ASSERT_NE(calm.out.find("== rank 1 exited with 0"), std::string::npos) << calm.out;
+
+  port_ = std::to_string(free_port());
+  const std::string out0 = dir_.file("s0.out"), out1 = dir_.file("s1.out"), script = dir_.file("stormy.sh");
+  std::ofstream(script)
+      << "env " << env(0, 2, slow) << " " << job << dir_.file("stormy.jsonl") << " >" << out0
+      << " 2>&1 & p0=$!\nsleep 3\nenv " << env(1, 2, slow) << " " << job << "/dev/null >" << out1
+      << " 2>&1 & p1=$!\nwait $p0; echo \"== rank 0 exited with $?\"\nwait $p1; echo \"== rank 1 "
+      << "exited with $?\"\n";
+  test::CommandResult stormy;
+  std::thread run([&] { stormy = test::run_command("bash " + script); });
+  const int port = std::stoi(port_);
+  test::as_stranger(port, [](int fd) {
+    std::string why;
+    EXPECT_FALSE(dist::auth::join(fd, "another-token-of-this-length", std::chrono::seconds(5), &why));
+  });
+  test::as_stranger(port, [](int fd) {
+    ASSERT_TRUE(dist::net::send_all(fd, "PING garbage\n", 13));
+    ::shutdown(fd, SHUT_WR);
+  });
+  const std::string recorded = test::recorded_proof(kToken);
+  test::as_stranger(port, [&](int fd) {
+    char greeting[41];
+    ASSERT_TRUE(dist::net::recv_all(fd, greeting, sizeof greeting));
+    ASSERT_TRUE(dist::net::send_all(fd, recorded.data(), recorded.size()));
+  });
+  run.join();
+  for (int i = 0; i < 2; ++i)
+    ASSERT_NE(stormy.out.find("== rank " + std::to_string(i) + " exited with 0"), std::string::npos)
+        << stormy.out << test::read_file(out0) << test::read_file(out1);
+  const std::string log = test::read_file(out0);
+  size_t refused = 0;
+  for (size_t p = 0; (p = log.find("rendezvous: refused a connection to the store from 127.0.0.1:", p)) !=
+                     std::string::npos;
+       ++p)
+    ++refused;
+  EXPECT_EQ(refused, 3u) << log;
+  EXPECT_NE(log.find("it sent 13 byte(s) and closed the connection: 'PING garbage\\x0a'"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("another token, or a replayed handshake"), std::string::npos) << log;
+  const auto got = test::jsonl_rows(dir_.file("stormy.jsonl")),
+             want = test::jsonl_rows(dir_.file("calm.jsonl"));
+  ASSERT_EQ(got.size(), 4u);
+  ASSERT_EQ(want.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].at("loss"), want[i].at("loss")) << "step " << i + 1;
+    EXPECT_EQ(got[i].at("grad_norm"), want[i].at("grad_norm")) << "step " << i + 1;
+  }
 }
 
 }  // namespace

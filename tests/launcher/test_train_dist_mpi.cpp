@@ -4,7 +4,8 @@
 // and zero3 give the same bits, within bf16's rounding of fp32; a rank that
 // fails ends the whole job with its message, also when it is one rank failing
 // while the others wait for it in a collective (Note [One failing rank]; over
-// NCCL on a machine with 2 GPUs); and train.compile changes none of it.
+// NCCL on a machine with 2 GPUs); a gradient that goes non-finite on one
+// rank is skipped, or stops, on every rank; and train.compile changes none of it.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -170,6 +171,52 @@ TEST_F(TrainDist, Bf16OneProcessDdpAndZero3GiveTheSameBits) {
     EXPECT_TRUE(wd.identical) << strategy << ": final weights differ from one process's, most in " << wd.where
                               << " (" << wd.worst << " relative)";
   }
+}
+
+// Note [Non-finite steps] across ranks: the gradient of one parameter goes
+// NaN at step 4 on rank 1 only (BT_FAULT_NONFINITE=4:NAME:1). Under
+// train.nonfinite=skip every rank skips that step -- the reduction carries the
+// NaN to every rank -- and the job ends with the weights of one process that
+// skipped the same step, bit for bit, for ddp and zero3 (the setting of
+// Bf16OneProcessDdpAndZero3GiveTheSameBits); rank 0's metrics mark the step
+// and name the parameter. Under stop, zero2 on 2 ranks ends the whole job,
+// with no rank left waiting, and the message names the step and parameter.
+TEST_F(TrainDist, ANonFiniteGradientOnOneRankIsSkippedOrStopsEveryRank) {
+  const std::string param = "h.1.attn.c_attn.weight";
+  const std::string fault = "BT_FAULT_NONFINITE=4:" + param;
+  const std::string skip = base_ + kBf16Run + " --set train.nonfinite=skip";
+  const std::string said = "step 4: the gradient of " + param + " is not finite; loss ";
+  auto check_rows = [&](const std::string& tag) {
+    const std::vector<nlohmann::json> rows = jsonl_rows(file(tag + ".jsonl"));
+    ASSERT_EQ(rows.size(), 8u) << tag;
+    for (size_t i = 0; i < rows.size(); ++i)
+      EXPECT_EQ(rows[i].at("skipped"), i == 3) << tag << ", step " << i + 1;
+    EXPECT_NE(rows[3].at("nonfinite").get<std::string>().find(said), std::string::npos)
+        << tag << ": " << rows[3];
+  };
+  Result one = run(fault + " BT_NUM_THREADS=3 OPENBLAS_NUM_THREADS=1 " + skip + " --metrics " +
+                   file("one.jsonl") + " --save-weights " + file("one.h5"));
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_NE(one.out.find("skipped " + said), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("8 steps in"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("(1 skipped: not finite)"), std::string::npos) << one.out;
+  check_rows("one");
+  const WeightFile ref = load_weights(file("one.h5"));
+  for (const std::string strategy : {"ddp", "zero3"}) {
+    Result r = run(fault + ":1 " + test::mpirun_prefix(2) + "-x BT_FAULT_NONFINITE " + skip +
+                   " --set dist.strategy=" + strategy + " --metrics " + file(strategy + ".jsonl") +
+                   " --save-weights " + file(strategy + ".h5"));
+    ASSERT_EQ(r.status, 0) << strategy << "\n" << r.out;
+    check_rows(strategy);
+    const WeightDiff wd = weight_diff(load_weights(file(strategy + ".h5")).tensors, ref.tensors);
+    EXPECT_TRUE(wd.identical) << strategy << ": final weights differ from one process's, most in " << wd.where
+                              << " (" << wd.worst << " relative)";
+  }
+  Result stop = run(fault + ":1 " + test::mpirun_prefix(2) + "-x BT_FAULT_NONFINITE " + base_ + kBf16Run +
+                    " --set dist.strategy=zero2");
+  EXPECT_NE(stop.status, 0) << stop.out;
+  EXPECT_NE(stop.out.find("training stopped at " + said), std::string::npos) << stop.out;
+  EXPECT_NE(stop.out.find("the weights are those after step 3"), std::string::npos) << stop.out;
 }
 
 // A checkpointed block reruns its forward inside backward: under ddp its

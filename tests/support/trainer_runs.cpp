@@ -1,10 +1,22 @@
 #include "tests/support/trainer_runs.h"
 
+#include <optional>
+
 #include <gtest/gtest.h>
 
 #include "runtime/train/trainer.h"
+#include "tests/support/scoped_env.h"
 
 namespace bt::test {
+
+std::vector<float> flat_params(train::Trainer& t) {
+  std::vector<float> out;
+  for (const Tensor& p : t.model().parameters()) {
+    const std::vector<float> v = p.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
 
 TrainerRun run_trainer(const train::TrainConfig& c, bool params) {
   TrainerRun r;
@@ -17,12 +29,37 @@ TrainerRun run_trainer(const train::TrainConfig& c, bool params) {
     r.notices += t.take_notice() + "\n";
     r.peak = s.peak_mem_bytes;
   }
-  if (params)
-    for (const Tensor& p : t.model().parameters()) {
-      const std::vector<float> v = p.to_vector<float>();
-      r.params.insert(r.params.end(), v.begin(), v.end());
-    }
+  if (params) r.params = flat_params(t);
   return r;
+}
+
+FaultRun run_with_fault(const train::TrainConfig& c, const std::string& fault, int64_t last) {
+  FaultRun r;
+  std::optional<train::Trainer> t;
+  {
+    const ScopedEnv env("BT_FAULT_NONFINITE", fault);  // read when the Trainer is made
+    t.emplace(c);
+  }
+  for (int64_t i = 0; i < last; ++i) {
+    r.steps.push_back(t->step());
+    r.notices.push_back(t->take_notice());
+  }
+  r.params = flat_params(*t);
+  r.optimizer_steps = t->counters().optimizer_steps;
+  return r;
+}
+
+std::pair<std::vector<double>, std::vector<float>> run_past_step(const train::TrainConfig& c, int64_t skip,
+                                                                 int64_t last) {
+  train::Trainer t(c);
+  for (int64_t i = 1; i < skip; ++i) t.step();
+  train::TrainerCounters k = t.counters();
+  k.step += 1;
+  k.data_samples += c.train.batch_size;  // step `skip`'s batch, consumed without an update
+  t.restore(k);
+  std::vector<double> losses;
+  for (int64_t i = skip + 1; i <= last; ++i) losses.push_back(t.step().loss);
+  return {losses, flat_params(t)};
 }
 
 void expect_graph_gives_eager_bits(const TrainerRun& eager, const TrainerRun& graph) {

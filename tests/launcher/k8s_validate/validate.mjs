@@ -20,12 +20,14 @@ import * as k8s from "@kubernetes/client-node";
 import { ConfigMap } from "kubernetes-models/v1/ConfigMap";
 import { PersistentVolumeClaim } from "kubernetes-models/v1/PersistentVolumeClaim";
 import { PodTemplate } from "kubernetes-models/v1/PodTemplate";
+import { Secret } from "kubernetes-models/v1/Secret";
 import { Service } from "kubernetes-models/v1/Service";
 import { Job } from "kubernetes-models/batch/v1/Job";
 
 const CORE = {
   "v1/ConfigMap": [ConfigMap, "V1ConfigMap"],
   "v1/PersistentVolumeClaim": [PersistentVolumeClaim, "V1PersistentVolumeClaim"],
+  "v1/Secret": [Secret, "V1Secret"],
   "v1/Service": [Service, "V1Service"],
   "batch/v1/Job": [Job, "V1Job"],
 };

@@ -3,8 +3,9 @@
 // collective against a reference computed locally (in the dtype, in rank
 // order: bit for bit; and in float64: within rounding), the same bytes on
 // every rank, in-place forms, sizes around the 1 MiB chunk, collectives that
-// differ across ranks, a timeout that names the rank that did not arrive, and
-// ranks that disappear.
+// differ across ranks, a timeout that names the rank that did not arrive,
+// ranks that disappear, and strangers at rank 0's port refused and named
+// while the ranks connect (Note [Authenticated rendezvous]).
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,11 +18,16 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "runtime/dist/auth.h"
 #include "runtime/dist/tcp_process_group.h"
+#include "runtime/dist/tcp_socket.h"
 #include "runtime/dist/tcp_store.h"
 #include "runtime/tensor/factory.h"
 #include "tests/support/error_message.h"
+#include "tests/support/stranger.h"
 
 namespace bt::dist {
 namespace {
@@ -29,18 +35,21 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
+const std::string kToken = auth::new_token();  // the job's (Note [Authenticated rendezvous])
+
 /// Runs body(rank, group) on `n` ranks, each a thread with its own store
 /// client and group; rethrows the first rank's failure.
 void on_ranks(int n, const std::function<void(int, TcpProcessGroup&)>& body,
               milliseconds store_timeout = milliseconds(5000)) {
-  TcpStore server("127.0.0.1", 0, true, store_timeout);  // rank 0's: it serves
+  TcpStore server("127.0.0.1", 0, true, store_timeout, kToken);  // rank 0's: it serves
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
         std::unique_ptr<TcpStore> client;
-        if (r > 0) client = std::make_unique<TcpStore>("127.0.0.1", server.port(), false, store_timeout);
+        if (r > 0)
+          client = std::make_unique<TcpStore>("127.0.0.1", server.port(), false, store_timeout, kToken);
         TcpProcessGroup pg(r == 0 ? server : *client, r, n);
         pg.set_timeout(milliseconds(20'000));
         body(r, pg);
@@ -409,16 +418,74 @@ TEST(TcpProcessGroup, RankZeroThatDisappearsIsNamedAtOnce) {
 
 TEST(TcpProcessGroup, RanksThatNeverConnectAreNamed) {
   // Rank 2 of 3 never starts: rank 0 gives up after the store's timeout.
-  TcpStore server("127.0.0.1", 0, true, milliseconds(400));
+  TcpStore server("127.0.0.1", 0, true, milliseconds(400), kToken);
   std::string m;
   std::thread one([&] {
-    TcpStore client("127.0.0.1", server.port(), false, milliseconds(400));
+    TcpStore client("127.0.0.1", server.port(), false, milliseconds(400), kToken);
     TcpProcessGroup pg(client, 1, 3);
   });
   m = test::error_message([&] { TcpProcessGroup pg(server, 0, 3); });
   one.join();
   EXPECT_NE(m.find("tcp process group: rank(s) 2 did not connect to rank 0 at 127.0.0.1:"), std::string::npos)
       << m;
+}
+
+// Rank 0's group listens on a port of its own while the ranks connect: a
+// stranger there with garbage, with another token, or with a proof recorded
+// from another handshake (a replay) is refused and named in rank 0's log, and
+// the ranks still make their group and reduce.
+TEST(TcpProcessGroup, StrangersAtRankZerosPortAreRefusedAndTheGroupForms) {
+  TcpStore server("127.0.0.1", 0, true, milliseconds(5000), kToken);
+  const std::string recorded = test::recorded_proof(kToken);  // from another handshake
+  testing::internal::CaptureStderr();
+  std::vector<float> got(2);
+  std::thread zero([&] {
+    TcpProcessGroup pg(server, 0, 2);
+    Tensor t = full({1}, 1.0);
+    pg.all_reduce(t, ReduceOp::Sum);
+    got[0] = t.item<float>();
+  });
+  TcpStore reader("127.0.0.1", server.port(), false, milliseconds(5000),
+                  kToken);                               // a store client of its own
+  const std::string addr = reader.get("tcp_pg/1/addr");  // where rank 0's group listens
+  const int port = std::stoi(addr.substr(addr.rfind(':') + 1));
+  test::as_stranger(port, [](int fd) {
+    ASSERT_TRUE(net::send_all(fd, "BTPG garbage, not a handshake...", 32));
+    ::shutdown(fd, SHUT_WR);
+  });
+  test::as_stranger(port, [](int fd) {
+    std::string why;
+    EXPECT_FALSE(auth::join(fd, auth::new_token(), milliseconds(3000), &why));
+    EXPECT_NE(why.find("it refused this process's job token"), std::string::npos) << why;
+  });
+  test::as_stranger(port, [&](int fd) {
+    char greeting[41];
+    ASSERT_TRUE(net::recv_all(fd, greeting, sizeof greeting));
+    ASSERT_TRUE(net::send_all(fd, recorded.data(), recorded.size()));
+  });
+  std::thread one([&] {
+    TcpStore client("127.0.0.1", server.port(), false, milliseconds(5000), kToken);
+    TcpProcessGroup pg(client, 1, 2);
+    Tensor t = full({1}, 2.0);
+    pg.all_reduce(t, ReduceOp::Sum);
+    got[1] = t.item<float>();
+  });
+  one.join();
+  zero.join();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(got, (std::vector<float>{3.0f, 3.0f}));
+  EXPECT_NE(log.find("tcp process group: rank 0 refused a connection from 127.0.0.1:"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("it sent 32 byte(s) and closed the connection: 'BTPG garbage"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("its proof of the job token is wrong (another token, or a replayed handshake)"),
+            std::string::npos)
+      << log;
+  size_t wrong = 0;
+  for (size_t at = log.find("proof of the job token is wrong"); at != std::string::npos;
+       at = log.find("proof of the job token is wrong", at + 1))
+    ++wrong;
+  EXPECT_EQ(wrong, 2u) << "the other token and the replay: " << log;
 }
 
 }  // namespace

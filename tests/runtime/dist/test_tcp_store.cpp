@@ -1,14 +1,21 @@
 // The rendezvous store over real TCP sockets on localhost: values (binary
 // ones too) and counters shared between a serving and a connecting store, a
-// wait for a key set later, and timeouts that name what was missing.
+// wait for a key set later, timeouts that name what was missing, and peers
+// without the job token refused and named while the store serves the ranks
+// (Note [Authenticated rendezvous] in runtime/dist/auth.cpp).
 #include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include "kernels/common/error.h"
+#include "runtime/dist/auth.h"
+#include "runtime/dist/tcp_socket.h"
 #include "runtime/dist/tcp_store.h"
 #include "tests/support/error_message.h"
 #include "tests/support/free_port.h"
@@ -20,10 +27,12 @@ using std::chrono::milliseconds;
 
 using test::free_port;
 
+const std::string kToken = auth::new_token();
+
 TEST(TcpStore, SharesValuesAndCounters) {
-  TcpStore server("127.0.0.1", 0, true, milliseconds(5000));
+  TcpStore server("127.0.0.1", 0, true, milliseconds(5000), kToken);
   ASSERT_GT(server.port(), 0);
-  TcpStore client("localhost", server.port(), false, milliseconds(5000));
+  TcpStore client("localhost", server.port(), false, milliseconds(5000), kToken);
   client.set("a", "one");
   EXPECT_EQ(server.get("a"), "one");
   server.set("a", "two");
@@ -37,8 +46,8 @@ TEST(TcpStore, SharesValuesAndCounters) {
 }
 
 TEST(TcpStore, GetWaitsForALaterSet) {
-  TcpStore server("127.0.0.1", 0, true, milliseconds(5000));
-  TcpStore client("127.0.0.1", server.port(), false, milliseconds(5000));
+  TcpStore server("127.0.0.1", 0, true, milliseconds(5000), "");  // dist.insecure
+  TcpStore client("127.0.0.1", server.port(), false, milliseconds(5000), "");
   std::thread later([&] {
     std::this_thread::sleep_for(milliseconds(200));
     server.set("late", "here");
@@ -50,17 +59,71 @@ TEST(TcpStore, GetWaitsForALaterSet) {
 }
 
 TEST(TcpStore, TimeoutsNameWhatIsMissing) {
-  TcpStore server("127.0.0.1", 0, true, milliseconds(300));
+  TcpStore server("127.0.0.1", 0, true, milliseconds(300), kToken);
   std::string m = test::error_message([&] { server.get("never"); });
   EXPECT_NE(m.find("rendezvous timeout: 'never' was not set"), std::string::npos) << m;
 
   const int port = free_port();
-  m = test::error_message([&] { TcpStore("127.0.0.1", port, false, milliseconds(300)); });
+  m = test::error_message([&] { TcpStore("127.0.0.1", port, false, milliseconds(300), kToken); });
   EXPECT_NE(m.find("rendezvous timeout: cannot reach 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << m;
 
-  m = test::error_message([&] { TcpStore("127.0.0.1", 70000, false, milliseconds(300)); });
+  m = test::error_message([&] { TcpStore("127.0.0.1", 70000, false, milliseconds(300), kToken); });
   EXPECT_NE(m.find("port 70000"), std::string::npos) << m;
+}
+
+// Peers that do not prove the job token -- a wrong token, none, garbage, a
+// half-sent request's worth of silence -- are refused and named in rank 0's
+// log (address and what they sent), each connecting side learns why, and the
+// store goes on serving the job's ranks; an open store (dist.insecure) tells
+// a rank that has a token, and a counter that is not one is refused.
+TEST(TcpStore, PeersWithoutTheJobTokenAreRefusedAndNamedWhileTheStoreServes) {
+  TcpStore server("127.0.0.1", 0, true, milliseconds(3000), kToken);
+  TcpStore rank1("127.0.0.1", server.port(), false, milliseconds(3000), kToken);
+  rank1.set("before", "1");
+  testing::internal::CaptureStderr();
+  std::string m = test::error_message(
+      [&] { TcpStore("127.0.0.1", server.port(), false, milliseconds(3000), auth::new_token()); });
+  EXPECT_NE(m.find("did not let this rank in: it refused this process's job token"), std::string::npos) << m;
+  m = test::error_message([&] { TcpStore("127.0.0.1", server.port(), false, milliseconds(3000), ""); });
+  EXPECT_NE(m.find("it asks for the job token, and this process has none: set BT_JOB_TOKEN"),
+            std::string::npos)
+      << m;
+  std::string why;
+  const int raw = net::connect_until("127.0.0.1", server.port(),
+                                     std::chrono::steady_clock::now() + milliseconds(3000), &why);
+  ASSERT_GE(raw, 0) << why;
+  const std::string junk("\x01\x05\x00\x00\x00hello", 10);
+  ASSERT_TRUE(net::send_all(raw, junk.data(), junk.size()));
+  EXPECT_EQ(rank1.get("before"), "1") << "the store serves the job while a stranger stalls";
+  rank1.set("after", "2");
+  EXPECT_EQ(server.get("after"), "2");
+  // Rank 0 drops the stranger once its second is out (having logged why).
+  const timeval limit{10, 0};
+  ::setsockopt(raw, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  char sink[64];
+  ssize_t got = 0;
+  for (ssize_t r; (r = ::recv(raw, sink, sizeof sink, 0)) > 0;) got += r;
+  EXPECT_EQ(got, 41) << "it got the greeting, then nothing";
+  ::close(raw);
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("rendezvous: refused a connection to the store from 127.0.0.1:"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("its proof of the job token is wrong"), std::string::npos) << log;
+  EXPECT_NE(log.find("it closed the connection without a proof of the job token"), std::string::npos) << log;
+  EXPECT_NE(log.find("it sent 10 byte(s) and then nothing: '\\x01\\x05\\x00\\x00\\x00hello'"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(rank1.add("n", 2), 2);
+
+  TcpStore open("127.0.0.1", 0, true, milliseconds(3000), "");
+  m = test::error_message([&] { TcpStore("127.0.0.1", open.port(), false, milliseconds(3000), kToken); });
+  EXPECT_NE(m.find("it runs without a job token (dist.insecure), and this process has one"),
+            std::string::npos)
+      << m;
+  open.set("word", "seven");
+  m = test::error_message([&] { open.add("word", 1); });
+  EXPECT_NE(m.find("lost the connection"), std::string::npos) << m;
 }
 
 }  // namespace

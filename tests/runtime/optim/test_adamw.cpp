@@ -1,5 +1,7 @@
-// AdamW: one step against the formula in double, and convergence on a quadratic.
+// AdamW: one step against the formula in double, convergence on a quadratic,
+// and a non-finite gradient multiplier skipping the update.
 #include <cmath>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -52,6 +54,56 @@ TEST(AdamW, MinimizesAQuadratic) {
     opt.step();
   }
   EXPECT_LT(last, first * 1e-3);
+}
+
+// Note [Non-finite steps]: a gradient multiplier that is NaN or infinite
+// makes the kernels write nothing -- parameters, moments and the bf16 copy
+// keep their bits, on the CPU and on the GPU, through the vector loop and the
+// scalar tail (37 elements) -- and retract() counts the step back out, so the
+// next advance() gives the scalars the skipped one had.
+TEST(AdamW, ANonFiniteMultiplierSkipsTheUpdateAndRetractCountsItOut) {
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));  // on the GPU machine
+  for (const Device& d : devices) {
+    SCOPED_TRACE(d.str());
+    Generator g(11);
+    const TensorOptions o{DType::F32, d};
+    Tensor a = randn({37}, o, &g).requires_grad_(), b = randn({8, 16}, o, &g).requires_grad_();
+    AdamWOptions opts;
+    opts.weight_decay = 0.1;
+    AdamW opt({a, b}, opts);
+    auto backward = [&] {
+      opt.zero_grad();
+      add(sum(mul(a, a)), sum(mul(b, 3.0))).backward();
+    };
+    backward();
+    opt.step();  // m and v are not zero from here on
+    backward();
+    const std::vector<float> a0 = a.to_vector<float>(), b0 = b.to_vector<float>();
+    const std::vector<float> ma = opt.moments(a).first.to_vector<float>(),
+                             vb = opt.moments(b).second.to_vector<float>();
+    const AdamW::StepScalars second = opt.advance(opt.lr());
+    const Tensor hyper = from_vector<float>({second.lr, second.bias1, second.bias2}, {3}, o);
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      opt.apply(hyper, full({1}, bad, o));
+      EXPECT_EQ(a.to_vector<float>(), a0) << bad;
+      EXPECT_EQ(b.to_vector<float>(), b0) << bad;
+      EXPECT_EQ(opt.moments(a).first.to_vector<float>(), ma) << bad;
+      EXPECT_EQ(opt.moments(b).second.to_vector<float>(), vb) << bad;
+    }
+    EXPECT_EQ(opt.steps(), 2);
+    opt.retract();
+    EXPECT_EQ(opt.steps(), 1);
+    const AdamW::StepScalars again = opt.advance(opt.lr());
+    EXPECT_EQ(again.bias1, second.bias1);
+    EXPECT_EQ(again.bias2, second.bias2);
+    opt.apply(hyper, full({1}, 1.0, o));  // a finite multiplier updates again
+    EXPECT_NE(a.to_vector<float>(), a0);
+    EXPECT_NE(opt.moments(b).second.to_vector<float>(), vb);
+  }
+  AdamW none(std::vector<Tensor>{}, AdamWOptions{});
+  EXPECT_THROW(none.retract(), Error);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Global gradient norm against a float64 host computation; the clip factor.
 #include <cmath>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -49,6 +50,39 @@ TEST(Clip, ScaleOnTheDeviceIsTheHostFormula) {
     }
   }
   EXPECT_THROW(clip_scale(zeros({2}), 1.0), Error);
+}
+
+// Note [Non-finite steps]: the factor is NaN -- so AdamW skips the update --
+// when the norm is not finite (a NaN or an infinity in some gradient, or a
+// sum of squares that overflowed), clipping on or off, or when the loss is
+// not; a finite loss changes no bit. The norm itself is still reported.
+TEST(Clip, ANonFiniteNormOrLossGivesANaNFactor) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));  // on the GPU machine
+  for (const Device& d : devices) {
+    const TensorOptions f64{DType::F64, d};
+    for (const double max_norm : {0.0, 1.0}) {
+      for (const DType dt : {DType::F32, DType::F64}) {
+        for (const double sq : {nan, inf}) {
+          const std::vector<float> got =
+              clip_scale(full({1}, sq, TensorOptions{dt, d}), max_norm).to_vector<float>();
+          EXPECT_FALSE(std::isfinite(got[0])) << d << " " << sq;
+          EXPECT_TRUE(std::isnan(got[1])) << d << " " << sq << " " << max_norm;
+        }
+        const Tensor four = full({1}, 4.0, TensorOptions{dt, d});
+        for (const double loss : {nan, inf, -inf}) {
+          const std::vector<float> got = clip_scale(four, max_norm, full({1}, loss, f64)).to_vector<float>();
+          EXPECT_EQ(got[0], 2.0f) << d << " loss " << loss;
+          EXPECT_TRUE(std::isnan(got[1])) << d << " loss " << loss << " " << max_norm;
+        }
+        EXPECT_EQ(clip_scale(four, max_norm, full({1}, 3.5, f64)).to_vector<float>(),
+                  clip_scale(four, max_norm).to_vector<float>())
+            << d;
+      }
+    }
+    EXPECT_THROW(clip_scale(full({1}, 4.0, f64), 1.0, full({1}, 1.0, TensorOptions{DType::F32, d})), Error);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Trainer on CPU: the loss falls, runs are bitwise reproducible, gradient
-// accumulation matches one big batch, validation is repeatable, and bad
-// configs fail with errors naming the key.
+// accumulation matches one big batch, validation is repeatable, a non-finite
+// step is skipped or stops the run without updating, and bad configs fail
+// with errors naming the key.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -9,11 +10,15 @@
 #include "runtime/bt.h"
 #include "runtime/train/trainer.h"
 #include "tests/support/error_message.h"
+#include "tests/support/scoped_env.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/token_data.h"
+#include "tests/support/trainer_runs.h"
 
 namespace bt::train {
 namespace {
+
+using test::flat_params;
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -44,14 +49,6 @@ class TrainerTest : public ::testing::Test {
     std::vector<double> losses;
     for (int64_t i = 0; i < steps; ++i) losses.push_back(t.step().loss);
     return losses;
-  }
-  static std::vector<float> flat_params(Trainer& t) {
-    std::vector<float> out;
-    for (const Tensor& p : t.model().parameters()) {
-      const std::vector<float> v = p.to_vector<float>();
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
   }
   test::TempDir dir_{"bt_trainer"};
   std::string train_glob_, val_glob_;
@@ -282,11 +279,107 @@ TEST_F(TrainerTest, BadConfigsNameTheKey) {
       std::string::npos)
       << error_of(c);
   c = config();
+  c.train.nonfinite = "ignore";
+  EXPECT_NE(error_of(c).find("train.nonfinite must be stop or skip, got 'ignore'"), std::string::npos)
+      << error_of(c);
+  c = config();
+  c.train.max_skipped_steps = 0;
+  EXPECT_NE(error_of(c).find("train.max_skipped_steps must be > 0"), std::string::npos) << error_of(c);
+  c = config();
   c.data.train = dir_.file("nothing_*.bin");
   EXPECT_NE(error_of(c).find("nothing_*.bin"), std::string::npos) << error_of(c);
   c = config();
   c.model.seq_len = 4000;  // one window needs more tokens than a shard holds
   EXPECT_NE(error_of(c).find("tokens"), std::string::npos) << error_of(c);
+}
+
+// Note [Non-finite steps]: under train.nonfinite=skip, a step whose gradient
+// goes non-finite (one parameter's, made NaN through BT_FAULT_NONFINITE)
+// updates nothing. The run ends with the losses and weights, bit for bit, of
+// a run that consumed that batch and took no step on it: a Trainer restored
+// past it, with the step count and the data position moved on by one step
+// and AdamW's count not. fp32 and bf16, two micro-batches per step, clipping
+// on; the hook multiplies by 1 in the other steps, which must change no bit.
+TEST_F(TrainerTest, ASkippedStepLeavesTheWeightsOfARunThatNeverTookIt) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = config();
+    c.train.precision = precision;
+    c.train.micro_batch = 4;
+    c.train.grad_clip = 0.5;
+    c.train.nonfinite = "skip";
+    const test::FaultRun a = test::run_with_fault(c, "3:h.1.mlp.c_fc.weight", 6);
+    std::vector<double> after;
+    for (int64_t i = 1; i <= 6; ++i) {
+      const StepStats& s = a.steps[static_cast<size_t>(i - 1)];
+      EXPECT_EQ(s.skipped, i == 3) << "step " << i;
+      EXPECT_EQ(s.skipped_steps, i >= 3 ? 1 : 0) << "step " << i;
+      if (i > 3) after.push_back(s.loss);
+    }
+    const StepStats& third = a.steps[2];
+    EXPECT_NE(third.nonfinite.find("step 3: the gradient of h.1.mlp.c_fc.weight is not finite; loss "),
+              std::string::npos)
+        << third.nonfinite;
+    EXPECT_FALSE(std::isfinite(third.grad_norm));
+    EXPECT_TRUE(std::isfinite(third.loss)) << "the forward pass was fine";
+    EXPECT_NE(a.notices[2].find("skipped step 3: the gradient of h.1.mlp.c_fc.weight"), std::string::npos)
+        << a.notices[2];
+    EXPECT_NE(a.notices[2].find("(1 in a row; train.max_skipped_steps=5)"), std::string::npos)
+        << a.notices[2];
+    EXPECT_EQ(a.optimizer_steps, 5) << "the skipped step is not one of AdamW's";
+    const auto [losses, params] = test::run_past_step(c, 3, 6);
+    EXPECT_EQ(losses, after);
+    EXPECT_EQ(params, a.params);
+  }
+}
+
+// train.nonfinite=stop (the default): the step that went non-finite throws,
+// naming the step and the parameter, and it updated nothing.
+TEST_F(TrainerTest, ANonFiniteStepStopsTheRunNamingTheParameterAndUpdatesNothing) {
+  const test::ScopedEnv fault("BT_FAULT_NONFINITE", "2:h.0.attn.c_proj.weight");
+  Trainer t(config());
+  EXPECT_FALSE(t.step().skipped);
+  const std::vector<float> after_one = flat_params(t);
+  const std::string msg = test::error_message([&] { t.step(); });
+  for (const char* part :
+       {"training stopped at step 2: the gradient of h.0.attn.c_proj.weight is not finite; loss ",
+        "The update was not applied: the weights are those after step 1", "train.nonfinite=skip"})
+    EXPECT_NE(msg.find(part), std::string::npos) << part << "\n" << msg;
+  EXPECT_EQ(msg.find("later parameters"), std::string::npos) << "only that gradient was made NaN: " << msg;
+  EXPECT_EQ(flat_params(t), after_one);
+}
+
+// More than train.max_skipped_steps skipped steps in a row end the run.
+TEST_F(TrainerTest, MoreSkippedStepsInARowThanAllowedEndTheRun) {
+  TrainConfig c = config();
+  c.train.nonfinite = "skip";
+  c.train.max_skipped_steps = 2;
+  const test::ScopedEnv fault("BT_FAULT_NONFINITE", "2-4:wte");
+  Trainer t(c);
+  EXPECT_FALSE(t.step().skipped);
+  EXPECT_TRUE(t.step().skipped);
+  EXPECT_TRUE(t.step().skipped);
+  const std::string msg = test::error_message([&] { t.step(); });
+  EXPECT_NE(msg.find("training stopped: 3 steps in a row were skipped, more than train.max_skipped_steps=2; "
+                     "the last, step 4: the gradient of wte is not finite"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("The weights are those after step 1"), std::string::npos) << msg;
+}
+
+TEST_F(TrainerTest, ABadFaultSpecIsNamed) {
+  for (const auto& [spec, want] : std::vector<std::pair<std::string, std::string>>{
+           {"x:wte", "expected STEPS:PARAM[:RANK]"},
+           {"0:wte", "steps must be 1 <= N <= M"},
+           {"5-3:wte", "steps must be 1 <= N <= M"},
+           {"2:wte:1", "RANK must be a rank of this job, 0 to 0"},
+           {"2:wte:x", "RANK must be a rank of this job"},
+           {"2:h.9.nothing", "the model has no parameter 'h.9.nothing' (its first is 'wte')"}}) {
+    const test::ScopedEnv fault("BT_FAULT_NONFINITE", spec);
+    const std::string msg = test::error_message([&] { Trainer t(config()); });
+    EXPECT_NE(msg.find(want), std::string::npos) << spec << ": " << msg;
+    EXPECT_NE(msg.find("BT_FAULT_NONFINITE='" + spec + "'"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Trainer on one GPU: Note [Deterministic by construction] (runtime/train/
 // trainer.h) holds there too -- two runs of one config give the same losses,
 // gradient norms and weights, bit for bit, in fp32, tf32, fp32x3 and bf16 --
-// and fp32x3 tracks strict fp32 as on the CPU.
+// and fp32x3 tracks strict fp32 as on the CPU; a skipped non-finite step
+// updates nothing inside a replayed CUDA graph.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -115,6 +116,30 @@ TEST_P(TrainerGpu, CudaGraphStepsGiveTheBitsOfEagerSteps) {
   const test::TrainerRun graph = test::run_trainer(c);
   test::expect_graph_gives_eager_bits(eager, graph);
   EXPECT_LT(graph.losses.back(), graph.losses.front() - 0.3) << "the steps must learn";
+}
+
+// Note [Non-finite steps] inside a CUDA graph: step 5, a replay, has one
+// gradient made NaN (BT_FAULT_NONFINITE); under train.nonfinite=skip the run
+// ends with the losses and weights, bit for bit, of a run restored past that
+// batch without an update (TrainerTest.ASkippedStepLeavesTheWeightsOfARunThat
+// NeverTookIt on the CPU): the gate works in the replayed step, and the
+// hook's multiply by 1 in the other replays changes no bit.
+TEST_P(TrainerGpu, ASkippedReplayedStepUpdatesNothing) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir("bt_trainer_gpu");
+  TrainConfig c = gpu_config(dir.path().string(), GetParam());
+  c.train.nonfinite = "skip";
+  const test::FaultRun a = test::run_with_fault(c, "5:h.0.mlp.c_fc.weight", 7);
+  std::vector<double> after;
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].skipped, i == 4) << "step " << i + 1 << ": " << a.steps[i].nonfinite;
+    if (i > 4) after.push_back(a.steps[i].loss);
+  }
+  EXPECT_NE(a.steps[4].nonfinite.find("the gradient of h.0.mlp.c_fc.weight"), std::string::npos);
+  EXPECT_NE(a.notices[2].find("captured the step as a CUDA graph"), std::string::npos) << a.notices[2];
+  const auto [losses, params] = test::run_past_step(c, 5, 7);
+  EXPECT_EQ(losses, after);
+  EXPECT_TRUE(params == a.params) << "the weights differ from a run that never took step 5";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TrainerGpu, ::testing::Values("fp32", "tf32", "fp32x3", "bf16"),
