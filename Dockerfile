@@ -32,7 +32,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 # Dependencies first, so that editing sources does not reinstall them.
 COPY scripts/install-deps scripts/install-deps
-RUN BT_SKIP_MLIR="${BT_SKIP_MLIR}" BT_SKIP_NODE=1 BT_SKIP_SLURM=1 scripts/install-deps \
+RUN BT_SKIP_MLIR="${BT_SKIP_MLIR}" BT_SKIP_NODE=1 BT_SKIP_SLURM=1 BT_SKIP_FUZZ=1 scripts/install-deps \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN BT_CUDA_ARCHITECTURES="${BT_CUDA_ARCHITECTURES}" scripts/build --release --target blutrain \

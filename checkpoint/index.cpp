@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <set>
+#include <utility>
 
 #include "kernels/common/error.h"
 
@@ -34,6 +36,48 @@ void check_file_name(const std::string& name, const std::string& where, const st
            "(Note [Files confined to their checkpoint])");
 }
 
+namespace {
+
+// Note [Integers from an index]: nlohmann's get<int64_t>() of a JSON float,
+// or get<uint32_t>() of an integer out of range, converts with a plain cast,
+// which is undefined behaviour for values that do not fit (libFuzzer found a
+// crc32 of 3.59e10). So every integer an index holds is read through whole():
+// a JSON integer that fits T, or the checkpoint is corrupt.
+template <class T>
+T whole(const json& j, const std::string& where, const std::string& what) {
+  bool fits = false;
+  T v{};
+  if (j.is_number_unsigned()) {
+    const auto u = j.get<uint64_t>();
+    fits = std::in_range<T>(u);
+    v = static_cast<T>(u);
+  } else if (j.is_number_integer()) {
+    const auto i = j.get<int64_t>();
+    fits = std::in_range<T>(i);
+    v = static_cast<T>(i);
+  }
+  BT_CHECK(fits, where, ": ", what, " is ", j.dump(), ", not an integer in [", std::numeric_limits<T>::min(),
+           ", ", std::numeric_limits<T>::max(), "]; the checkpoint is corrupt");
+  return v;
+}
+
+template <class T>
+std::vector<T> whole_list(const json& j, const std::string& where, const std::string& what) {
+  BT_CHECK(j.is_array(), where, ": ", what, " is not a list; the checkpoint is corrupt");
+  std::vector<T> out;
+  for (const json& e : j) out.push_back(whole<T>(e, where, what));
+  return out;
+}
+
+std::map<std::string, int64_t> counters_of(const json& j, const std::string& where, const std::string& what) {
+  BT_CHECK(j.is_object(), where, ": ", what, " is not an object; the checkpoint is corrupt");
+  std::map<std::string, int64_t> out;
+  for (const auto& [k, v] : j.items()) out[k] = whole<int64_t>(v, where, what + " " + k);
+  return out;
+}
+
+}  // namespace
+
 json piece_to_json(const SavedPiece& p) {
   json j = {{"file", p.file}, {"dataset", p.dataset}, {"begin", p.begin}, {"end", p.end}, {"crc32", p.crc32}};
   if (p.block > 0) {
@@ -47,21 +91,21 @@ SavedPiece piece_from_json(const json& j, const std::string& where, const std::s
   SavedPiece p;
   p.file = j.at("file").get<std::string>();
   p.dataset = j.at("dataset").get<std::string>();
-  p.begin = j.at("begin").get<int64_t>();
-  p.end = j.at("end").get<int64_t>();
-  p.crc32 = j.at("crc32").get<uint32_t>();
-  check_file_name(p.file, where, cat("piece ", p.dataset, " of tensor ", tensor));
+  const std::string what = cat("piece ", p.dataset, " of tensor ", tensor);
+  p.begin = whole<int64_t>(j.at("begin"), where, what + ": begin");
+  p.end = whole<int64_t>(j.at("end"), where, what + ": end");
+  p.crc32 = whole<uint32_t>(j.at("crc32"), where, what + ": crc32");
+  check_file_name(p.file, where, what);
+  BT_CHECK(p.begin >= 0 && p.begin < p.end, where, ": ", what, " has range [", p.begin, ", ", p.end,
+           "); the checkpoint is corrupt");
   if (j.contains("crc32_block")) {
-    p.block = j.at("crc32_block").get<int64_t>();
-    p.block_crc32 = j.at("block_crc32").get<std::vector<uint32_t>>();
-    BT_CHECK(p.block > 0 &&
-                 static_cast<int64_t>(p.block_crc32.size()) == (p.end - p.begin + p.block - 1) / p.block,
-             where, ": piece ", p.dataset, " of tensor ", tensor, " has ", p.block_crc32.size(),
-             " block checksums for ", p.end - p.begin, " elements in blocks of ", p.block,
-             "; the checkpoint is corrupt");
+    p.block = whole<int64_t>(j.at("crc32_block"), where, what + ": crc32_block");
+    p.block_crc32 = whole_list<uint32_t>(j.at("block_crc32"), where, what + ": block_crc32");
+    const int64_t n = p.end - p.begin;  // > 0, and no overflow: 0 <= begin < end
+    BT_CHECK(p.block > 0 && static_cast<int64_t>(p.block_crc32.size()) == n / p.block + (n % p.block != 0),
+             where, ": ", what, " has ", p.block_crc32.size(), " block checksums for ", n,
+             " elements in blocks of ", p.block, "; the checkpoint is corrupt");
   }
-  BT_CHECK(p.begin >= 0 && p.begin < p.end, where, ": piece ", p.dataset, " of tensor ", tensor,
-           " has range [", p.begin, ", ", p.end, "); the checkpoint is corrupt");
   return p;
 }
 
@@ -91,24 +135,28 @@ Index Index::from_json(const json& j, const std::string& where) {
     BT_CHECK(j.value("format", std::string()) == kFormat, where,
              ": not a BluTrain checkpoint index (format '", j.value("format", std::string()), "', expected '",
              kFormat, "')");
-    const int64_t v = j.at("version").get<int64_t>();
+    const int64_t v = whole<int64_t>(j.at("version"), where, "version");
     BT_CHECK(v <= kVersion, where, ": checkpoint format version ", v, " is newer than this build's (",
              kVersion, "); use a newer blutrain");
     Index x;
-    x.step = j.at("step").get<int64_t>();
-    x.world_size = j.at("world").at("size").get<int>();
+    x.step = whole<int64_t>(j.at("step"), where, "step");
+    x.world_size = whole<int>(j.at("world").at("size"), where, "world size");
     x.strategy = j.at("world").at("strategy").get<std::string>();
     x.config = j.at("config");
-    x.counters = j.at("counters").get<std::map<std::string, int64_t>>();
+    x.counters = counters_of(j.at("counters"), where, "counter");
     for (const json& r : j.at("ranks")) {
-      x.ranks.push_back({r.at("rank").get<int>(), r.at("file").get<std::string>(),
+      x.ranks.push_back({whole<int>(r.at("rank"), where, "rank"), r.at("file").get<std::string>(),
                          r.at("device").get<std::string>(),
-                         r.at("counters").get<std::map<std::string, int64_t>>()});
+                         counters_of(r.at("counters"), where, "rank counter")});
       check_file_name(x.ranks.back().file, where, cat("rank ", x.ranks.back().rank));
     }
     for (const auto& [name, t] : j.at("tensors").items()) {
       SavedTensor st;
-      st.shape = t.at("shape").get<std::vector<int64_t>>();
+      st.shape = whole_list<int64_t>(t.at("shape"), where, cat("the shape of tensor ", name));
+      int64_t n = 1;  // numel() must not overflow
+      for (const int64_t d : st.shape)
+        BT_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), where, ": tensor ", name, " has shape ",
+                 t.at("shape").dump(), ", not a tensor's shape; the checkpoint is corrupt");
       st.dtype = t.at("dtype").get<std::string>();
       for (const json& p : t.at("pieces")) st.pieces.push_back(piece_from_json(p, where, name));
       std::sort(st.pieces.begin(), st.pieces.end(),
