@@ -1,5 +1,6 @@
 #include "runtime/dist/auth.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 
@@ -30,15 +32,14 @@ namespace bt::dist::auth {
 //
 // Rank 0 drops a peer whose Mc is wrong, who sends something else, or who
 // sends nothing within a second, names it in its log (address and what it
-// sent) and goes on serving the job. A recorded exchange is useless: the next
-// connection gets another Ns, so an old Mc does not fit it (a replay). The
-// peer checks Ms in turn, so a process that took over rank 0's address
-// without the token cannot pose as rank 0. The two MACs differ in their label
-// and nonce order, so neither side's proof can be reflected back as the
-// other's. The comparison takes the same time wherever the bytes differ.
-// A job without a token (dist.insecure: true) still sends the greeting, with
-// mode 0 and no proof asked: so a rank whose setting differs from rank 0's
-// learns it at once, from either side, instead of misreading the bytes.
+// sent) and goes on serving the job. The second bounds the whole proof, not
+// each byte of it, so a stranger trickling bytes holds rank 0 no longer. A recorded exchange is useless: the
+// next connection gets another Ns, so an old Mc does not fit it (a replay). The peer checks Ms in turn, so a
+// process that took over rank 0's address without the token cannot pose as rank 0. The two MACs differ in
+// their label and nonce order, so neither side's proof can be reflected back as the other's. The comparison
+// takes the same time wherever the bytes differ. A job without a token (dist.insecure: true) still sends the
+// greeting, with mode 0 and no proof asked: so a rank whose setting differs from rank 0's learns it at once,
+// from either side, instead of misreading the bytes.
 //
 // What it does not do: encrypt. After the handshake the bytes (keys, values,
 // tensors) cross the network in clear, and a machine on the path could
@@ -144,39 +145,31 @@ std::string shown(const char* p, size_t n) {
   return s + (n > 40 ? "'..." : "'");
 }
 
-/// Sets the socket's receive timeout for its lifetime and puts the old one back.
-class ReceiveTimeout {
- public:
-  ReceiveTimeout(int fd, std::chrono::milliseconds wait) : fd_(fd) {
-    socklen_t len = sizeof old_;
-    if (::getsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &old_, &len) != 0) old_ = timeval{0, 0};
-    const auto ms = std::max<int64_t>(wait.count(), 1);
-    const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>(ms % 1000 * 1000)};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  }
-  ~ReceiveTimeout() { ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &old_, sizeof old_); }
-  ReceiveTimeout(const ReceiveTimeout&) = delete;
-  ReceiveTimeout& operator=(const ReceiveTimeout&) = delete;
-
- private:
-  int fd_;
-  timeval old_{};
-};
-
-/// Receives up to `n` bytes (fewer at end of stream or timeout); how many
-/// came. `closed`: whether the stream ended (rather than timing out).
-size_t receive_some(int fd, char* p, size_t n, bool* closed = nullptr) {
+/// Receives up to `n` bytes within `wait` in all (fewer at end of stream or
+/// when the time is up), however the peer spaces them out: a peer that sends
+/// one byte a second cannot hold rank 0 longer than `wait`. How many came;
+/// `closed`: whether the stream ended or failed (rather than timing out).
+size_t receive_within(int fd, char* p, size_t n, std::chrono::milliseconds wait, bool* closed = nullptr) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   size_t got = 0;
   if (closed) *closed = false;
   while (got < n) {
-    const ssize_t r = ::recv(fd, p + got, n - got, 0);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count();
+    if (left <= 0) break;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;  // the time is up (or poll failed)
+    const ssize_t r = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
     if (r > 0) {
       got += static_cast<size_t>(r);
-    } else if (r < 0 && errno == EINTR) {
+    } else if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
       continue;
     } else {
-      if (closed) *closed = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-      break;  // closed, timed out, or an error
+      if (closed) *closed = true;  // end of stream, or a reset
+      break;
     }
   }
   return got;
@@ -304,12 +297,8 @@ bool greet(int fd, bool token, Nonce* sent) {
 bool answer(int fd, const Nonce& sent, const std::string& token, std::chrono::milliseconds wait,
             std::string* why) {
   char reply[sizeof kMagic + 64];
-  size_t got = 0;
   bool closed = false;
-  {
-    const ReceiveTimeout t(fd, wait);
-    got = receive_some(fd, reply, sizeof reply, &closed);
-  }
+  const size_t got = receive_within(fd, reply, sizeof reply, wait, &closed);
   if (got < sizeof reply || std::memcmp(reply, kMagic, sizeof kMagic) != 0) {
     const char* then = closed ? " byte(s) and closed the connection: " : " byte(s) and then nothing: ";
     *why = got == 0 ? (closed ? std::string("it closed the connection without a proof of the job token")
@@ -345,11 +334,7 @@ bool accept_peer(int fd, const std::string& token, std::chrono::milliseconds wai
 
 bool join(int fd, const std::string& token, std::chrono::milliseconds wait, std::string* why) {
   char hi[sizeof kMagic + 1 + 32];
-  size_t got = 0;
-  {
-    const ReceiveTimeout t(fd, wait);
-    got = receive_some(fd, hi, sizeof hi);
-  }
+  size_t got = receive_within(fd, hi, sizeof hi, wait);
   if (got < sizeof hi || std::memcmp(hi, kMagic, sizeof kMagic) != 0 || (hi[8] != 0 && hi[8] != 1)) {
     *why = got == 0 ? cat("it sent no greeting within ", seconds(wait), " (is it a BluTrain rank 0?)")
                     : cat("it sent ", shown(hi, got), " instead of a BluTrain greeting");
@@ -377,10 +362,7 @@ bool join(int fd, const std::string& token, std::chrono::milliseconds wait, std:
     return false;
   }
   Digest theirs;
-  {
-    const ReceiveTimeout t(fd, wait);
-    got = receive_some(fd, reinterpret_cast<char*>(theirs.data()), theirs.size());
-  }
+  got = receive_within(fd, reinterpret_cast<char*>(theirs.data()), theirs.size(), wait);
   if (got < theirs.size()) {
     *why = "it refused this process's job token: BT_JOB_TOKEN differs from rank 0's";
     return false;

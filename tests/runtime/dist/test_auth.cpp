@@ -5,6 +5,7 @@
 // silence and a setting that differs from rank 0's are each refused, saying
 // which.
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -196,6 +197,23 @@ TEST(Auth, GarbageAndSilenceAreRefusedSayingWhatCame) {
     EXPECT_FALSE(accept_peer(p.fd[0], token, milliseconds(200), &why));
     EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
     EXPECT_NE(why.find("it sent nothing within 0.2 s"), std::string::npos) << why;
+  }
+  {
+    Pair p;  // a stranger that trickles a byte every 50 ms: the wait bounds the whole proof
+    std::atomic<bool> stop{false};
+    std::thread trickle([&] {
+      for (int i = 0; i < 60 && !stop; ++i) {
+        if (!net::send_all(p.fd[1], "B", 1)) break;
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+    });
+    std::string why;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(accept_peer(p.fd[0], token, milliseconds(300), &why));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1500));
+    stop = true;
+    trickle.join();
+    EXPECT_NE(why.find("byte(s) and then nothing: 'BBB"), std::string::npos) << why;
   }
   {
     Pair p;  // a server that is not a BluTrain rank 0
