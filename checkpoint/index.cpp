@@ -18,16 +18,6 @@ int64_t SavedTensor::numel() const {
   return n;
 }
 
-std::string printable(const std::string& bytes) {
-  std::string shown;
-  for (const char c : bytes) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
-    shown += (c >= 32 && c < 127) ? std::string(1, c) : std::string(hex);
-  }
-  return shown;
-}
-
 void check_file_name(const std::string& name, const std::string& where, const std::string& what) {
   const bool plain = !name.empty() && name != "." && name != ".." && name.size() <= 255 &&
                      name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/printable.h"  // printable(), for names from an index
+
 namespace bt::ckpt {
 
 inline constexpr const char* kFormat = "blutrain-checkpoint";
@@ -30,9 +32,6 @@ struct SavedPiece {
   int64_t block = 0;
   std::vector<uint32_t> block_crc32;
 };
-
-/// `bytes` for a message: printable ASCII as is, every other byte as \xNN.
-std::string printable(const std::string& bytes);
 
 /// Note [Files confined to their checkpoint]
 /// An index names its rank files and every piece's file; each must be a plain

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include "kernels/common/error.h"
+#include "runtime/core/printable.h"
 #include "runtime/dist/tcp_socket.h"
 
 namespace bt::dist::auth {
@@ -129,21 +130,8 @@ Digest mac(const std::string& token, const char* label, const Nonce& first, cons
   return hmac_sha256(token, m);
 }
 
-constexpr const char* kDigits = "0123456789abcdef";
-
-/// What a peer sent, for the log: printable ASCII as is, other bytes as \xNN,
-/// at most 40 bytes.
-std::string shown(const char* p, size_t n) {
-  std::string s = "'";
-  for (size_t i = 0; i < n && i < 40; ++i) {
-    const auto c = static_cast<unsigned char>(p[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'')
-      s.push_back(static_cast<char>(c));
-    else
-      s += std::string("\\x") + kDigits[c >> 4] + kDigits[c & 15];
-  }
-  return s + (n > 40 ? "'..." : "'");
-}
+/// What a peer sent, for the log: its first 40 bytes, quoted and printable.
+std::string shown(const char* p, size_t n) { return "'" + printable(std::string_view(p, n), 40) + "'"; }
 
 /// Receives up to `n` bytes within `wait` in all (fewer at end of stream or
 /// when the time is up), however the peer spaces them out: a peer that sends
@@ -173,10 +161,6 @@ size_t receive_within(int fd, char* p, size_t n, std::chrono::milliseconds wait,
     }
   }
   return got;
-}
-
-std::string seconds(std::chrono::milliseconds t) {
-  return cat(static_cast<double>(t.count()) / 1000.0, " s");
 }
 
 }  // namespace
@@ -228,6 +212,7 @@ std::string random_bytes(size_t n) {
 }
 
 std::string hex(std::string_view bytes) {
+  static constexpr const char* kDigits = "0123456789abcdef";
   std::string s;
   for (const char c : bytes) {
     const auto u = static_cast<unsigned char>(c);
@@ -302,7 +287,7 @@ bool answer(int fd, const Nonce& sent, const std::string& token, std::chrono::mi
   if (got < sizeof reply || std::memcmp(reply, kMagic, sizeof kMagic) != 0) {
     const char* then = closed ? " byte(s) and closed the connection: " : " byte(s) and then nothing: ";
     *why = got == 0 ? (closed ? std::string("it closed the connection without a proof of the job token")
-                              : cat("it sent nothing within ", seconds(wait)))
+                              : cat("it sent nothing within ", net::seconds(wait)))
                     : cat("it sent ", got, got < sizeof reply ? then : " bytes: ", shown(reply, got),
                           ", not a job-token handshake");
     return false;
@@ -336,7 +321,7 @@ bool join(int fd, const std::string& token, std::chrono::milliseconds wait, std:
   char hi[sizeof kMagic + 1 + 32];
   size_t got = receive_within(fd, hi, sizeof hi, wait);
   if (got < sizeof hi || std::memcmp(hi, kMagic, sizeof kMagic) != 0 || (hi[8] != 0 && hi[8] != 1)) {
-    *why = got == 0 ? cat("it sent no greeting within ", seconds(wait), " (is it a BluTrain rank 0?)")
+    *why = got == 0 ? cat("it sent no greeting within ", net::seconds(wait), " (is it a BluTrain rank 0?)")
                     : cat("it sent ", shown(hi, got), " instead of a BluTrain greeting");
     return false;
   }

@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "kernels/common/error.h"
+
 namespace bt::dist::net {
 
 bool send_all(int fd, const void* p, size_t n) {
@@ -91,6 +93,10 @@ int connect_until(const std::string& host, int port, std::chrono::steady_clock::
     if (std::chrono::steady_clock::now() >= deadline) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  return cat(static_cast<double>(t.count()) / 1000.0, " s");
 }
 
 }  // namespace bt::dist::net

@@ -1,7 +1,8 @@
 // POSIX TCP helpers shared by the rendezvous store (tcp_store.h) and the TCP
 // process group (tcp_process_group.h): whole-buffer blocking transfers (EINTR
 // retried, SIGPIPE suppressed), a listening socket on every interface, and a
-// connect that retries until a deadline. IPv4, as the rendezvous.
+// connect that retries until a deadline, and how their messages show a wait.
+// IPv4, as the rendezvous.
 #pragma once
 
 #include <chrono>
@@ -22,5 +23,8 @@ int listen_any(int port, int* bound, std::string* why);
 /// in `why`. The socket has TCP_NODELAY.
 int connect_until(const std::string& host, int port, std::chrono::steady_clock::time_point deadline,
                   std::string* why);
+
+/// "2.5 s": a wait or deadline, for the messages of the rendezvous.
+std::string seconds(std::chrono::milliseconds t);
 
 }  // namespace bt::dist::net

@@ -89,8 +89,6 @@ void sum(DType t, char* dst, const char* own, const char* rows, size_t stride, i
   }
 }
 
-std::string seconds(std::chrono::milliseconds t) { return cat(t.count() / 1000.0, " s"); }
-
 const char* kReach =
     "; check that every rank runs and that rank 0 accepts connections on any port of MASTER_ADDR (the "
     "CPU process group listens on a free port beside MASTER_PORT: a firewall or Kubernetes NetworkPolicy "
@@ -187,7 +185,7 @@ void TcpStar::accept_peers(TcpStore& store, const std::string& key, int64_t gen)
   for (const Link& l : links_)
     if (l.data < 0 || l.ctrl < 0) missing += cat(missing.empty() ? "" : ", ", l.rank);
   BT_FAIL("tcp process group: rank(s) ", missing, " did not connect to rank 0 at ", addr, " within ",
-          seconds(store.timeout()), " (BT_RENDEZVOUS_TIMEOUT_S)", kReach);
+          net::seconds(store.timeout()), " (BT_RENDEZVOUS_TIMEOUT_S)", kReach);
 }
 
 void TcpStar::connect_to_root(TcpStore& store, const std::string& key, int64_t gen) {
@@ -202,7 +200,7 @@ void TcpStar::connect_to_root(TcpStore& store, const std::string& key, int64_t g
     std::string why;
     const int fd = net::connect_until(host, port, deadline, &why);
     BT_CHECK(fd >= 0, "tcp process group: rank ", rank_, " cannot connect to rank 0 at ", addr, " within ",
-             seconds(store.timeout()), " (", why, ")", kReach);
+             net::seconds(store.timeout()), " (", why, ")", kReach);
     (channel == 0 ? l.data : l.ctrl) = fd;
     BT_CHECK(auth::join(fd, store.token(),
                         std::min<std::chrono::milliseconds>(store.timeout(), std::chrono::seconds(10)), &why),

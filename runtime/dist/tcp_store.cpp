@@ -38,8 +38,6 @@ bool recv_str(int fd, std::string& s) {
   return recv_all(fd, s.data(), n);
 }
 
-std::string seconds(std::chrono::milliseconds t) { return cat(t.count() / 1000.0, " s"); }
-
 /// `s` as a whole decimal int64, or false (a counter that is not one).
 bool decimal(const std::string& s, int64_t* v) {
   const char* end = s.data() + s.size();
@@ -72,7 +70,7 @@ TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::m
   if (fd_ < 0) {
     shutdown();  // stop the server thread before throwing
     BT_FAIL("rendezvous timeout: cannot reach ", host_, ":", port_, " (MASTER_ADDR:MASTER_PORT) within ",
-            seconds(timeout_), " (", last, "); check that rank 0 runs and the address is reachable");
+            net::seconds(timeout_), " (", last, "); check that rank 0 runs and the address is reachable");
   }
   std::string why;
   if (!auth::join(fd_, token_, std::min(timeout_, kGreetingWait), &why)) {
@@ -200,7 +198,7 @@ std::string TcpStore::get(const std::string& key) {
     const std::string r = request(kCheck, key, "");
     if (!r.empty()) return r.substr(1);
     BT_CHECK(std::chrono::steady_clock::now() < deadline, "rendezvous timeout: '", key,
-             "' was not set within ", seconds(timeout_), " at ", host_, ":", port_,
+             "' was not set within ", net::seconds(timeout_), " at ", host_, ":", port_,
              "; a rank is missing or has another WORLD_SIZE / MASTER_ADDR");
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
