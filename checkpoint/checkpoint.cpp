@@ -160,19 +160,9 @@ std::string commit(const SaveRequest& r, int world) {
     idx.counters = r.counters;
     for (int q = 0; q < world; ++q) {
       const std::string frag_path = tmp_dir + "/" + rank_stem(q) + ".json";
-      const json frag = read_json(frag_path);
-      idx.ranks.push_back({q, frag.at("file").get<std::string>(), frag.at("device").get<std::string>(),
-                           frag.at("counters").get<std::map<std::string, int64_t>>()});
-      for (const json& p : frag.at("pieces")) {
-        const std::string name = p.at("name").get<std::string>();
-        SavedTensor& t = idx.tensors[name];
-        t.shape = p.at("shape").get<std::vector<int64_t>>();
-        t.pieces.push_back(piece_from_json(p, frag_path, name));
-      }
+      idx.merge_fragment(read_json(frag_path), q, frag_path);
     }
-    for (auto& [name, t] : idx.tensors)
-      std::sort(t.pieces.begin(), t.pieces.end(),
-                [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
+    idx.sort_pieces();
     const std::vector<std::string> problems = idx.completeness_problems();
     BT_CHECK(problems.empty(), "checkpoint '", final_dir, "' would be incomplete: ", problems.front(),
              " (a strategy wrote overlapping or missing shares)");

@@ -54,6 +54,27 @@ std::string read_string_attr(hid_t attr, hid_t file_type) {
 
 namespace {
 
+herr_t refuse_external_link(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) {
+  return -1;
+}
+
+}  // namespace
+
+Id local_access(hid_t cls) {
+  Id plist(BT_H5_CHECK(H5Pcreate(cls)), H5Pclose);
+  BT_H5_CHECK(H5Pset_elink_cb(plist, refuse_external_link, nullptr));
+  return plist;
+}
+
+void check_data_in_file(hid_t dcpl, const std::string& where) {
+  BT_CHECK(H5Pget_layout(dcpl) != H5D_VIRTUAL, where,
+           " is a virtual dataset, whose data lies in other files; the file may hold only its own data");
+  BT_CHECK(BT_H5_CHECK(H5Pget_external_count(dcpl)) == 0, where,
+           " keeps its data in external files; the file may hold only its own data");
+}
+
+namespace {
+
 herr_t collect_error(unsigned, const H5E_error2_t* e, void* out) {
   auto* v = static_cast<std::vector<std::string>*>(out);
   if (e && e->desc && *e->desc && std::find(v->begin(), v->end(), e->desc) == v->end())

@@ -57,6 +57,23 @@ void write_int_attr(hid_t loc, const std::string& name, int64_t value);
 void write_string_attr(hid_t loc, const std::string& name, const std::string& value);
 /// Reads a string attribute stored as a variable- or fixed-length string.
 std::string read_string_attr(hid_t attr, hid_t file_type);
+/// Note [Only the file we were given]: an HDF5 file can name other files --
+/// an external link to an object in another HDF5 file, a dataset whose raw
+/// data lies in external files (H5Pset_external), a virtual dataset mapping
+/// other files' datasets. A weights or checkpoint file we did not write could
+/// use them to make us open or read any file (a device or a FIFO that never
+/// ends, a secret that becomes model weights), so our readers follow none:
+/// objects are opened under local_access(), which refuses external links,
+/// and a dataset's data must be its own (check_data_in_file).
+
+/// Access properties of class `cls` (H5P_LINK_ACCESS for H5Oopen,
+/// H5P_DATASET_ACCESS for H5Dopen2) under which opening refuses to follow an
+/// external link (Note [Only the file we were given]).
+Id local_access(hid_t cls);
+/// Throws bt::Error naming `where` unless the data of the dataset with
+/// creation properties `dcpl` lies in its own file: no external raw storage,
+/// not a virtual dataset (Note [Only the file we were given]).
+void check_data_in_file(hid_t dcpl, const std::string& where);
 /// Every message on HDF5's error stack, outermost first, joined; clears the stack.
 /// (BT_H5_CHECK keeps one message; opening a file needs the inner ones, e.g.
 /// "truncated file: eof = ...".)

@@ -66,6 +66,16 @@ std::map<std::string, int64_t> counters_of(const json& j, const std::string& whe
   return out;
 }
 
+/// A tensor's shape: non-negative sizes whose product fits int64 (numel()).
+std::vector<int64_t> shape_of(const json& j, const std::string& where, const std::string& tensor) {
+  std::vector<int64_t> shape = whole_list<int64_t>(j, where, cat("the shape of tensor ", tensor));
+  int64_t n = 1;
+  for (const int64_t d : shape)
+    BT_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), where, ": tensor ", tensor, " has shape ", j.dump(),
+             ", not a tensor's shape; the checkpoint is corrupt");
+  return shape;
+}
+
 }  // namespace
 
 json piece_to_json(const SavedPiece& p) {
@@ -142,21 +152,49 @@ Index Index::from_json(const json& j, const std::string& where) {
     }
     for (const auto& [name, t] : j.at("tensors").items()) {
       SavedTensor st;
-      st.shape = whole_list<int64_t>(t.at("shape"), where, cat("the shape of tensor ", name));
-      int64_t n = 1;  // numel() must not overflow
-      for (const int64_t d : st.shape)
-        BT_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), where, ": tensor ", name, " has shape ",
-                 t.at("shape").dump(), ", not a tensor's shape; the checkpoint is corrupt");
+      st.shape = shape_of(t.at("shape"), where, name);
       st.dtype = t.at("dtype").get<std::string>();
       for (const json& p : t.at("pieces")) st.pieces.push_back(piece_from_json(p, where, name));
-      std::sort(st.pieces.begin(), st.pieces.end(),
-                [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
       x.tensors.emplace(name, std::move(st));
     }
+    x.sort_pieces();
     return x;
   } catch (const json::exception& e) {
     BT_FAIL(where, ": malformed checkpoint index (", e.what(), "); the checkpoint is corrupt");
   }
+}
+
+void Index::merge_fragment(const json& frag, int rank, const std::string& where) {
+  try {
+    BT_CHECK(frag.is_object(), where, ": a rank's fragment must be a JSON object; the checkpoint is corrupt");
+    if (frag.contains("rank"))
+      BT_CHECK(whole<int>(frag.at("rank"), where, "rank") == rank, where, ": the fragment of rank ", rank,
+               " says it is rank ", frag.at("rank").dump(), "; the checkpoint is corrupt");
+    RankRecord r{rank, frag.at("file").get<std::string>(), frag.at("device").get<std::string>(),
+                 counters_of(frag.at("counters"), where, "rank counter")};
+    check_file_name(r.file, where, cat("rank ", rank));
+    for (const json& p : frag.at("pieces")) {
+      const std::string name = p.at("name").get<std::string>();
+      std::vector<int64_t> shape = shape_of(p.at("shape"), where, name);
+      SavedTensor& t = tensors[name];
+      if (t.pieces.empty())
+        t.shape = std::move(shape);
+      else
+        BT_CHECK(shape == t.shape, where, ": rank ", rank, " saved tensor ", name, " with shape ",
+                 p.at("shape").dump(), ", another rank with shape ", json(t.shape).dump(),
+                 "; the checkpoint is corrupt");
+      t.pieces.push_back(piece_from_json(p, where, name));
+    }
+    ranks.push_back(std::move(r));
+  } catch (const json::exception& e) {
+    BT_FAIL(where, ": malformed fragment of rank ", rank, " (", e.what(), "); the checkpoint is corrupt");
+  }
+}
+
+void Index::sort_pieces() {
+  for (auto& [name, t] : tensors)
+    std::sort(t.pieces.begin(), t.pieces.end(),
+              [](const SavedPiece& a, const SavedPiece& b) { return a.begin < b.begin; });
 }
 
 std::vector<std::string> Index::completeness_problems() const {

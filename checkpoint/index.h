@@ -74,6 +74,13 @@ struct Index {
   nlohmann::json to_json() const;
   /// Throws bt::Error naming `where` for a malformed index or another format/version.
   static Index from_json(const nlohmann::json& j, const std::string& where);
+  /// Adds rank `rank`'s fragment (what write_rank left in rank_RRRRR.json:
+  /// its file, device, counters and pieces, each piece with its tensor's
+  /// name and shape) as the commit merges them. Throws bt::Error naming `where` for a malformed fragment, a
+  /// file outside the folder, or a shape that another rank gave otherwise.
+  void merge_fragment(const nlohmann::json& frag, int rank, const std::string& where);
+  /// Sorts each tensor's pieces by begin (after the last merge_fragment).
+  void sort_pieces();
   /// Problems that make the index unusable: a tensor whose pieces leave a gap
   /// or overlap, or do not end at its size; a piece in a file no rank wrote.
   std::vector<std::string> completeness_problems() const;

@@ -4,7 +4,8 @@
 // crc32_block and block_crc32 (the crc32 of each block of crc32_block
 // elements). HDF5 lays the file out; the data moves through our own parallel
 // positioned reads and writes (Note [Checkpoint data path]). Files are opened
-// without HDF5 file locking (Note [HDF5 file locking]).
+// without HDF5 file locking (Note [HDF5 file locking]). Reading them, and what
+// reading and writing share, is shard_reader.h.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/h5_util.h"
 #include "checkpoint/index.h"
-#include "checkpoint/io_pool.h"
+#include "checkpoint/shard_reader.h"
 #include "runtime/dist/strategy.h"
 
 namespace bt::ckpt {
@@ -46,15 +46,6 @@ namespace bt::ckpt {
 //     partial read (a reshard) is as safe as a whole one.
 // Host memory stays bounded by the blocks in flight (IoPool's queue).
 
-/// File-access properties with HDF5 file locking off (Note [HDF5 file locking]).
-h5::Id unlocked_file_access();
-
-/// Elements per checksummed block (4 MiB of f32).
-inline constexpr int64_t kCrcBlock = int64_t{1} << 20;
-
-/// zlib crc32 of `n` floats.
-uint32_t crc32_of(const float* data, int64_t n);
-
 /// Writes `pieces` (any device) to a new file `path`, fsyncs it, and returns
 /// the index entries (file name `file_name`) with their checksums. Throws
 /// bt::Error naming `path` on any failure (a full disk included), after
@@ -64,34 +55,5 @@ std::vector<std::pair<std::string, SavedPiece>> write_shard_file(const std::stri
                                                                  const std::string& file_name,
                                                                  const std::vector<dist::StatePiece>& pieces,
                                                                  bool background = false);
-
-/// Open rank files of one checkpoint, read by ranges.
-class ShardReader {
- public:
-  explicit ShardReader(std::string dir);
-  ~ShardReader();
-  ShardReader(const ShardReader&) = delete;
-  ShardReader& operator=(const ShardReader&) = delete;
-
-  /// Elements [lo, hi) of saved piece `piece` (within [begin, end)) into `out`.
-  struct Range {
-    const SavedPiece* piece;
-    int64_t lo, hi;
-    float* out;
-  };
-  /// Reads every range, in parallel. Throws bt::Error naming the file and
-  /// dataset for a missing file or dataset, a checksum mismatch (corruption)
-  /// or a truncated file.
-  void read(const std::vector<Range>& ranges);
-
- private:
-  struct File;
-  File& file(const std::string& name);
-  void queue(const std::vector<Range>& ranges);
-  void read_legacy(const Range& r, const std::string& where);  // format version 1: chunked, via HDF5
-  std::string dir_;
-  std::map<std::string, std::unique_ptr<File>> files_;
-  IoPool pool_;
-};
 
 }  // namespace bt::ckpt

@@ -16,27 +16,6 @@
 
 namespace bt::ckpt {
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint data is written as host floats (f32le)");
-
-uint32_t crc32_of(const float* data, int64_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = reinterpret_cast<const Bytef*>(data);
-  size_t left = static_cast<size_t>(n) * sizeof(float);
-  while (left > 0) {  // zlib takes uInt lengths
-    const uInt step = static_cast<uInt>(std::min<size_t>(left, size_t{1} << 30));
-    crc = crc32(crc, bytes, step);
-    bytes += step;
-    left -= step;
-  }
-  return static_cast<uint32_t>(crc);
-}
-
-h5::Id unlocked_file_access() {
-  h5::Id fapl(BT_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
-  BT_H5_CHECK(H5Pset_file_locking(fapl, false, true));
-  return fapl;
-}
-
 namespace {
 
 constexpr uint64_t kMetaPerPiece = 4096;  // HDF5 metadata bytes per dataset, generously

@@ -23,12 +23,10 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/weights_read.h"
 #include "runtime/tensor/tensor.h"
 
 namespace bt {
-
-inline constexpr const char* kWeightsFormat = "blutrain-weights";
-inline constexpr int64_t kWeightsVersion = 1;
 
 /// The contents of a weights file.
 struct WeightFile {
@@ -61,8 +59,11 @@ void save_weights(const std::string& path, const std::vector<std::pair<std::stri
 
 /// Reads a weights file. Throws bt::Error for a missing file, a file that is not
 /// HDF5 (or is corrupt or truncated), a `format` other than "blutrain-weights", a
-/// newer `version`, an attribute that is not an integer or string scalar, a root object that
-/// is not a dataset, or a dataset that is not float32.
+/// newer `version`, an attribute that is not an integer or string scalar (or an
+/// integer an int64_t cannot hold), a root object that is not a dataset, a dataset
+/// that is not float32, a shape with more elements than a tensor holds, data the
+/// file does not store (Note [Only data the file holds]) or data in another file
+/// (Note [Only the file we were given]). The checks are read_weight_file's.
 WeightFile load_weights(const std::string& path);
 
 /// Throws bt::Error unless every attribute in `expected` is present in `file`

@@ -13,6 +13,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include "kernels/common/error.h"
+#include "runtime/core/printable.h"
+#include "runtime/data/unicode.h"
 #include "runtime/nn/registry.h"
 
 namespace bt::launcher {
@@ -179,6 +181,23 @@ std::string scalar_text(const YAML::Node& n) {
   return os.str();
 }
 
+/// Whether `s` is UTF-8 of YAML's printable characters, Unicode's
+/// noncharacters excepted: the resolved config is also written as JSON
+/// (config_to_json, UTF-8 only) and as YAML (config_to_yaml, which must read
+/// back to the same string; yaml-cpp reads a noncharacter as U+FFFD).
+bool yaml_printable(const std::string& s) {
+  for (const char* p = s.data(); p < s.data() + s.size();) {
+    const unicode::Utf8Char u = unicode::decode_utf8(p, s.data() + s.size());
+    const char32_t c = u.cp;
+    const bool printable = c == 0x9 || c == 0xA || c == 0xD || (c >= 0x20 && c <= 0x7E) || c == 0x85 ||
+                           (c >= 0xA0 && c <= 0xD7FF) || (c >= 0xE000 && c <= 0x10FFFF);
+    const bool noncharacter = (c >= 0xFDD0 && c <= 0xFDEF) || (c & 0xFFFE) == 0xFFFE;
+    if (!u.valid || !printable || noncharacter) return false;
+    p += u.len;
+  }
+  return true;
+}
+
 /// Stores YAML value `n` into key `k` of `c`; errors name the key and the value.
 void assign(TrainConfig& c, const Key& k, const YAML::Node& n, const std::string& where) {
   const std::string text = scalar_text(n);
@@ -192,10 +211,14 @@ void assign(TrainConfig& c, const Key& k, const YAML::Node& n, const std::string
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, std::string>) {
           *p = n.IsNull() ? std::string() : n.Scalar();
+          BT_CHECK(yaml_printable(*p), "config key '", k.name, "' in ", where,
+                   " must be printable UTF-8 text (tabs and line breaks allowed), got '", printable(*p, 80),
+                   "'");
         } else if constexpr (std::is_same_v<T, bool>) {
           if (n.IsNull() || !YAML::convert<bool>::decode(n, *p)) bad("true or false");
         } else if constexpr (std::is_same_v<T, double>) {
-          if (n.IsNull() || !YAML::convert<double>::decode(n, *p)) bad("a number");
+          if (n.IsNull() || !YAML::convert<double>::decode(n, *p) || !std::isfinite(*p))
+            bad("a finite number");
         } else {
           // Integers; "1e3"-style values are accepted when they are whole.
           const char* what = std::is_same_v<T, uint64_t> ? "a non-negative integer" : "an integer";
@@ -216,14 +239,20 @@ std::vector<std::pair<std::string, YAML::Node>> flatten(const YAML::Node& root, 
   BT_CHECK(root.IsMap(), where,
            " must be a YAML mapping of sections (model:, data:, train:, dist:, checkpoint:, compile:)");
   for (const auto& sec : root) {
-    const std::string s = sec.first.as<std::string>();
+    BT_CHECK(sec.first.IsScalar(), "config section names in ", where, " must be plain words, got '",
+             scalar_text(sec.first), "'");
+    const std::string s = sec.first.Scalar();
     BT_CHECK(
         s == "model" || s == "data" || s == "train" || s == "dist" || s == "checkpoint" || s == "compile",
         "unknown config section '", s, "' in ", where,
         "; the sections are model, data, train, dist, checkpoint and compile");
     if (sec.second.IsNull()) continue;
     BT_CHECK(sec.second.IsMap(), "config section '", s, "' in ", where, " must be a mapping of keys");
-    for (const auto& kv : sec.second) out.emplace_back(s + "." + kv.first.as<std::string>(), kv.second);
+    for (const auto& kv : sec.second) {
+      BT_CHECK(kv.first.IsScalar(), "config keys of section '", s, "' in ", where,
+               " must be plain words, got '", scalar_text(kv.first), "'");
+      out.emplace_back(s + "." + kv.first.Scalar(), kv.second);
+    }
   }
   return out;
 }

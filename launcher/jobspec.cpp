@@ -131,7 +131,7 @@ int64_t parse_time_limit(const std::string& text, const std::string& what) {
   int64_t days = -1;
   if (const size_t dash = rest.find('-'); dash != std::string::npos) {
     const std::string d = rest.substr(0, dash);
-    if (d.empty() || !std::all_of(d.begin(), d.end(), ::isdigit)) return bad();
+    if (d.empty() || d.size() > 5 || !std::all_of(d.begin(), d.end(), ::isdigit)) return bad();
     days = std::stoll(d);
     rest = rest.substr(dash + 1);
   }
@@ -264,12 +264,12 @@ std::vector<std::pair<std::string, std::string>> job_env(const JobSpec& s) {
       // NCCL prints its warnings (a failed transport, a timeout), not its chatter.
       {"NCCL_DEBUG", "WARN"},
   };
-  for (const auto& [k, v] : s.env) {
-    auto it = std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == k; });
+  for (const auto& kv : s.env) {  // (clang 14, which builds the fuzz targets, captures no structured binding)
+    auto it = std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == kv.first; });
     if (it != env.end())
-      it->second = v;
+      it->second = kv.second;
     else
-      env.emplace_back(k, v);
+      env.push_back(kv);
   }
   return env;
 }

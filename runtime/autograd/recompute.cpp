@@ -4,28 +4,8 @@
 
 #include "kernels/common/error.h"
 
-namespace bt {
+namespace bt::autograd {
 
-Recompute parse_recompute(std::string_view s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  BT_FAIL("unknown recompute mode '", std::string(s), "'; choose one of: none, selective, full");
-}
-
-std::string_view recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::None:
-      return "none";
-    case Recompute::Selective:
-      return "selective";
-    case Recompute::Full:
-      return "full";
-  }
-  return "?";
-}
-
-namespace autograd {
 namespace {
 thread_local Recompute t_mode = Recompute::None;
 }  // namespace
@@ -44,5 +24,4 @@ void make_recomputable(const Tensor& out, std::function<Tensor()> make) {
   s.recompute = std::move(r);
 }
 
-}  // namespace autograd
-}  // namespace bt
+}  // namespace bt::autograd

@@ -11,18 +11,11 @@
 #pragma once
 
 #include <functional>
-#include <string_view>
 
+#include "runtime/autograd/recompute_mode.h"
 #include "runtime/tensor/tensor.h"
 
 namespace bt {
-
-enum class Recompute { None, Selective, Full };
-
-/// Parses "none", "selective", "full"; throws bt::Error naming the bad value.
-Recompute parse_recompute(std::string_view s);
-std::string_view recompute_name(Recompute r);
-
 namespace autograd {
 
 /// The mode of this thread's forward passes (none unless a guard says).

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -34,8 +36,16 @@ bool send_str(int fd, const std::string& s) {
 bool recv_str(int fd, std::string& s) {
   uint32_t n = 0;
   if (!recv_all(fd, &n, sizeof n) || n > (64u << 20)) return false;
-  s.resize(n);
-  return recv_all(fd, s.data(), n);
+  // Grown as the bytes come (1 MiB at a time), so that a peer announcing 64
+  // MiB and sending less costs rank 0 what it sent, not 64 MiB.
+  s.clear();
+  for (size_t have = 0; have < n;) {
+    const size_t step = std::min<size_t>(n - have, size_t{1} << 20);
+    s.resize(have + step);
+    if (!recv_all(fd, s.data() + have, step)) return false;
+    have += step;
+  }
+  return true;
 }
 
 /// `s` as a whole decimal int64, or false (a counter that is not one).
@@ -117,6 +127,8 @@ void TcpStore::serve_loop() {
         // through one is dropped after this long instead of stalling the store.
         const timeval tv{5, 0};
         ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        const int one = 1;  // replies leave at once, as the ranks' requests do (connect_until)
+        ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         fds.push_back({c, POLLIN, 0});
         pending.push_back(token_.empty() ? std::nullopt : std::optional<auth::Nonce>(sent));
       } else if (c >= 0) {
@@ -145,9 +157,15 @@ void TcpStore::serve_loop() {
         const uint8_t r = 1;
         ok = send_all(c, &r, 1);
       } else if (ok && op == kCheck) {
+        // One write: with the reply in pieces, Nagle held each piece after the
+        // first until the client's delayed ACK (40 ms per get()).
         const auto it = data_.find(key);
-        const uint8_t found = it != data_.end();
-        ok = send_all(c, &found, 1) && (!found || send_str(c, it->second));
+        std::string reply(1, it != data_.end() ? '\1' : '\0');
+        if (it != data_.end()) {
+          const auto n = static_cast<uint32_t>(it->second.size());
+          reply.append(reinterpret_cast<const char*>(&n), sizeof n).append(it->second);
+        }
+        ok = send_all(c, reply.data(), reply.size());
       } else if (ok && op == kAdd) {
         const auto it = data_.find(key);
         int64_t have = 0, delta = 0;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kernels/common/error.h"
-#include "runtime/autograd/recompute.h"
+#include "runtime/autograd/recompute_mode.h"
 #include "runtime/core/device.h"
 #include "runtime/core/precision.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/autograd/recompute.h"
+#include "runtime/autograd/recompute_mode.h"
 #include "runtime/nn/model_config.h"
 
 namespace bt::train {

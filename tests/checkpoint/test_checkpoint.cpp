@@ -181,6 +181,67 @@ TEST(Checkpoint, NumbersOutsideTheirRangeAreACorruptIndex) {
   }
 }
 
+// The commit merges each rank's fragment (rank_RRRRR.json) into the index
+// (Index::merge_fragment, a libFuzzer target: tests/fuzz/fuzz_ckpt_fragment.cpp):
+// one it cannot trust is a corrupt checkpoint named by its path, never a raw
+// JSON exception or a tensor whose shape depends on which rank came last.
+TEST(Checkpoint, AFragmentTheCommitCannotTrustIsRefused) {
+  using nlohmann::json;
+  const auto fragment = [](int rank, json shape, int64_t begin, int64_t end) {
+    const std::string file = rank == 0 ? "rank_00000.h5" : "rank_00001.h5";
+    return json{{"rank", rank},
+                {"file", file},
+                {"device", "cpu"},
+                {"counters", {{"rng", 1}}},
+                {"pieces",
+                 {{{"name", "param/w"},
+                   {"shape", shape},
+                   {"file", file},
+                   {"dataset", "param/w/" + std::to_string(begin)},
+                   {"begin", begin},
+                   {"end", end},
+                   {"crc32", 7}}}}};
+  };
+  ckpt::Index good;
+  good.merge_fragment(fragment(0, {10}, 0, 6), 0, "r0.json");
+  good.merge_fragment(fragment(1, {10}, 6, 10), 1, "r1.json");
+  good.world_size = 2;
+  good.sort_pieces();
+  EXPECT_TRUE(good.completeness_problems().empty());
+  ASSERT_EQ(good.ranks.size(), 2u);
+  EXPECT_EQ(good.ranks[1].file, "rank_00001.h5");
+
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+      {[](json& f) { f["shape"] = 1; }, ""},  // a key the commit does not read
+      {[](json& f) {
+         f["pieces"][0]["shape"] = {5, 2};
+       },
+       "another rank with shape [10]"},
+      {[](json& f) { f["pieces"][0]["shape"] = {-10}; }, "not a tensor's shape"},
+      {[](json& f) { f["file"] = "../../outside.h5"; }, "not a plain file name"},
+      {[](json& f) { f["pieces"][0]["file"] = "/etc/passwd"; }, "not a plain file name"},
+      {[](json& f) { f["rank"] = 0; }, "says it is rank 0"},
+      {[](json& f) { f["counters"]["rng"] = "x"; }, "rank counter rng is \"x\", not an integer"},
+      {[](json& f) { f["pieces"] = 3; }, "malformed fragment of rank 1"},
+      {[](json& f) { f["pieces"][0].erase("name"); }, "malformed fragment of rank 1"},
+      {[](json& f) { f = json::array(); }, "must be a JSON object"},
+  };
+  for (const auto& [spoil, want] : cases) {
+    ckpt::Index idx;
+    idx.merge_fragment(fragment(0, {10}, 0, 6), 0, "r0.json");
+    json f = fragment(1, {10}, 6, 10);
+    spoil(f);
+    if (want.empty()) {
+      EXPECT_NO_THROW(idx.merge_fragment(f, 1, "ck/rank_00001.json"));
+      continue;
+    }
+    const std::string msg = test::error_message([&] { idx.merge_fragment(f, 1, "ck/rank_00001.json"); });
+    EXPECT_NE(msg.find("ck/rank_00001.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(want), std::string::npos) << want << ": " << msg;
+    EXPECT_NE(msg.find("the checkpoint is corrupt"), std::string::npos) << msg;
+  }
+}
+
 TEST(Checkpoint, AShareWithAGapIsNeverCommitted) {
   test::TempDir dir("bt_ckpt");
   const Globals g(1);
@@ -369,6 +430,63 @@ TEST(Checkpoint, ReadsFormatVersion1) {
   EXPECT_EQ(values(got.a), values(saved.a));
   flip_a_data_byte(d + "/rank_00000.h5");
   EXPECT_FALSE(verify(d).empty()) << "Fletcher-32 or the crc32 must notice the flipped byte";
+}
+
+// Note [Partial reads of format 1]: a format-1 dataset holding other data
+// than its piece (sound Fletcher-32 chunks, the wrong floats) is caught by a
+// partial read as by a whole one; found by tests/fuzz/fuzz_ckpt_shard.cpp.
+TEST(Checkpoint, APartialReadOfFormat1ChecksTheWholePiece) {
+  test::TempDir dir("bt_ckpt");
+  const Globals saved(1);
+  const std::string d = save(request(dir.file("ck"), 5, saved), nullptr);
+  rewrite_as_version_1(d);
+  {
+    const hid_t f = H5Fopen((d + "/rank_00000.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t ds = H5Dopen2(f, "param/a/4", H5P_DEFAULT);
+    const std::vector<float> other(7, 0.5f);
+    ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, other.data()), 0);
+    H5Dclose(ds);
+    H5Fclose(f);
+  }
+  const Globals got(2);
+  const std::string msg =
+      test::error_message([&] { load_pieces(d, read_index(d), {piece("param/a", got.a, 5, 7)}); });
+  EXPECT_NE(msg.find("dataset 'param/a/4' does not match its crc32"), std::string::npos) << msg;
+  load_pieces(d, read_index(d), {piece("param/a", got.a, 1, 3)});  // another piece: sound
+  EXPECT_EQ(values(got.a)[2], values(saved.a)[2]);
+}
+
+// Note [Only the file we were given] (checkpoint/h5_util.h): a rank file
+// whose dataset is an external link to another file, or keeps its data in
+// one, is refused even when that file holds the right floats.
+TEST(Checkpoint, DataInAnotherFileIsRefused) {
+  test::TempDir dir("bt_ckpt");
+  const Globals saved(1);
+  const std::string d = save(request(dir.file("ck"), 5, saved), nullptr);
+  rewrite_as_version_1(d);  // HDF5 reads its data: the other file would be read
+  const std::string file = d + "/rank_00000.h5", copy = dir.file("copy.h5");
+  fs::copy_file(file, copy);
+  std::vector<float> b = values(saved.b);
+  const std::string raw = dir.file("b.bin");
+  std::ofstream(raw, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), 28);
+  {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(H5Ldelete(f, "param/a/0", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Lcreate_external(copy.c_str(), "param/a/0", f, "param/a/0", H5P_DEFAULT, H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(f, "adam_m/b/0", H5P_DEFAULT), 0);
+    const hsize_t dims[1] = {7};
+    const hid_t space = H5Screate_simple(1, dims, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, raw.c_str(), 0, 28);
+    H5Dclose(H5Dcreate2(f, "adam_m/b/0", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    H5Pclose(dcpl), H5Sclose(space), H5Fclose(f);
+  }
+  const Globals got(2);
+  std::string msg =
+      test::error_message([&] { load_pieces(d, read_index(d), {piece("param/a", got.a, 0, 2)}); });
+  EXPECT_NE(msg.find("dataset 'param/a/0'"), std::string::npos) << msg;
+  msg = test::error_message([&] { load_pieces(d, read_index(d), {piece("adam_m/b", got.b, 0, 7)}); });
+  EXPECT_NE(msg.find("dataset 'adam_m/b/0' keeps its data in external files"), std::string::npos) << msg;
+  EXPECT_EQ(verify(d).size(), 2u);
 }
 
 TEST(Checkpoint, ATensorOfAnotherShapeIsRefusedByName) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -334,6 +335,110 @@ TEST(Weights, NonFloat32DatasetsAndGroupsAreRefused) {
   }
   m = test::error_message([&] { load_weights(dir.file("group.h5")); });
   EXPECT_HAS(m, "root object 'h' is not a dataset");
+}
+
+// Note [Only data the file holds] and Note [Only the file we were given]: a
+// hostile file cannot make the reader allocate for data it does not hold,
+// clamp an integer, or read another file (found by tests/fuzz/fuzz_weights.cpp).
+TEST(Weights, HostileFilesAreRefusedBeforeAnyBufferIsMade) {
+  test::TempDir dir("bt_weights");
+  auto refused = [&](const std::string& file, const std::function<void(RawFile&)>& make) {
+    {
+      RawFile r(dir.file(file));
+      r.header();
+      make(r);
+    }
+    return test::error_message([&] { load_weights(dir.file(file)); });
+  };
+  auto unwritten = [](RawFile& r, std::vector<hsize_t> dims, bool chunked) {
+    std::vector<hsize_t> max(dims.size(), H5S_UNLIMITED), chunk(dims.size(), 2);
+    hid_t space = BT_H5_CHECK(
+        H5Screate_simple(static_cast<int>(dims.size()), dims.data(), chunked ? max.data() : nullptr));
+    hid_t dcpl = BT_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE));
+    if (chunked) BT_H5_CHECK(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
+    H5Dclose(BT_H5_CHECK(H5Dcreate2(r.id, "wte", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+    H5Pclose(dcpl), H5Sclose(space);
+  };
+  // [2^40, 2^40] floats in a file of a few kilobytes; [2^62, 4, 0] overflows int64 before the 0.
+  EXPECT_HAS(refused("huge.h5",
+                     [&](RawFile& r) {
+                       unwritten(r, {hsize_t{1} << 40, hsize_t{1} << 40}, true);
+                     }),
+             "tensor 'wte' has dims [1099511627776, 1099511627776]: more elements than a tensor can hold");
+  EXPECT_HAS(refused("over.h5",
+                     [&](RawFile& r) {
+                       unwritten(r, {hsize_t{1} << 62, 4, 0}, true);
+                     }),
+             "more elements than a tensor can hold");
+  EXPECT_HAS(refused("chunks.h5",
+                     [&](RawFile& r) {
+                       unwritten(r, {4, 4}, true);
+                     }),
+             "tensor 'wte' stores 0 of its 4 chunks: its data is missing");
+  EXPECT_HAS(refused("bytes.h5",
+                     [&](RawFile& r) {
+                       unwritten(r, {4, 4}, false);
+                     }),
+             "tensor 'wte' stores 0 of the 64 bytes its shape needs");
+  // An unsigned 2^63 would read as 2^63 - 1.
+  EXPECT_HAS(refused("u64.h5",
+                     [](RawFile& r) {
+                       r.scalar_attr("n_layer", H5T_STD_U64LE, H5T_NATIVE_UINT64, uint64_t{1} << 63);
+                     }),
+             "attribute 'n_layer' is 9223372036854775808, more than a 64-bit signed integer holds");
+  // Data in another file, the same floats as a sound file would hold.
+  const std::string other = dir.file("other.h5");
+  {
+    RawFile r(other);
+    r.dataset<float>("x", {2}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {1.0f, 2.0f});
+  }
+  EXPECT_HAS(
+      refused("elink.h5",
+              [&](RawFile& r) {
+                BT_H5_CHECK(H5Lcreate_external(other.c_str(), "/x", r.id, "wte", H5P_DEFAULT, H5P_DEFAULT));
+              }),
+      "root object 'wte' is an external link to another file");
+  EXPECT_HAS(
+      refused("soft_to_elink.h5",
+              [&](RawFile& r) {
+                BT_H5_CHECK(H5Lcreate_external(other.c_str(), "/x", r.id, "a", H5P_DEFAULT, H5P_DEFAULT));
+                BT_H5_CHECK(H5Lcreate_soft("/a", r.id, "b", H5P_DEFAULT, H5P_DEFAULT));
+              }),
+      "external link");
+  const std::string raw = dir.file("raw.bin");
+  std::ofstream(raw, std::ios::binary).write("\0\0\x80\x3f\0\0\0\x40", 8);
+  EXPECT_HAS(refused("external.h5",
+                     [&](RawFile& r) {
+                       const hsize_t dims[1] = {2};
+                       hid_t space = BT_H5_CHECK(H5Screate_simple(1, dims, nullptr));
+                       hid_t dcpl = BT_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE));
+                       BT_H5_CHECK(H5Pset_external(dcpl, raw.c_str(), 0, 8));
+                       H5Dclose(BT_H5_CHECK(
+                           H5Dcreate2(r.id, "wte", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+                       H5Pclose(dcpl), H5Sclose(space);
+                     }),
+             "tensor 'wte' keeps its data in external files");
+  EXPECT_HAS(refused("virtual.h5",
+                     [&](RawFile& r) {
+                       const hsize_t dims[1] = {2};
+                       hid_t space = BT_H5_CHECK(H5Screate_simple(1, dims, nullptr));
+                       hid_t dcpl = BT_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE));
+                       BT_H5_CHECK(H5Pset_virtual(dcpl, space, other.c_str(), "/x", space));
+                       H5Dclose(BT_H5_CHECK(
+                           H5Dcreate2(r.id, "wte", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+                       H5Pclose(dcpl), H5Sclose(space);
+                     }),
+             "tensor 'wte' is a virtual dataset");
+  // A tensor of no elements needs no data.
+  {
+    RawFile r(dir.file("fine.h5"));
+    r.header();
+    unwritten(r, {0, 3}, false);
+    r.dataset<float>("c", {2}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {1.0f, 2.0f});
+  }
+  const WeightFile f = load_weights(dir.file("fine.h5"));
+  ASSERT_EQ(f.tensors.size(), 2u);
+  EXPECT_EQ(f.find("wte")->shape(), (Shape{0, 3}));
 }
 
 TEST(Weights, SaveRefusesBadInputsAndMissingDirectory) {

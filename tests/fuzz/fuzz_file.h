@@ -1,5 +1,5 @@
-// For fuzz targets whose parser reads a file: the input written to a file of
-// this process's own, rewritten for every input.
+// For fuzz targets whose parser reads files: the input written to a file in
+// a folder of this process's own, rewritten for every input.
 #pragma once
 
 #include <cstdint>
@@ -7,17 +7,25 @@
 #include <cstdlib>
 #include <string>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace bt::fuzz {
 
-/// Writes the input to NAME in a folder of this process's ($TMPDIR or /tmp)
-/// and returns its path.
-inline const std::string& write_input(const char* name, const uint8_t* data, size_t size) {
-  static const std::string path = [name] {
+/// This process's folder ($TMPDIR or /tmp, then bt_fuzz_PID), made once.
+inline const std::string& folder() {
+  static const std::string path = [] {
     const char* tmp = std::getenv("TMPDIR");
-    return std::string(tmp && *tmp ? tmp : "/tmp") + "/bt_fuzz_" + std::to_string(::getpid()) + "_" + name;
+    std::string p = std::string(tmp && *tmp ? tmp : "/tmp") + "/bt_fuzz_" + std::to_string(::getpid());
+    if (::mkdir(p.c_str(), 0700) != 0 && access(p.c_str(), W_OK) != 0) std::abort();
+    return p;
   }();
+  return path;
+}
+
+/// Writes `size` bytes to NAME in folder() and returns its path.
+inline std::string write_input(const std::string& name, const uint8_t* data, size_t size) {
+  const std::string path = folder() + "/" + name;
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr || std::fwrite(data, 1, size, f) != size || std::fclose(f) != 0) std::abort();
   return path;

@@ -13,7 +13,7 @@
 #include "tests/fuzz/fuzz_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& path = bt::fuzz::write_input("shard.bin", data, size);
+  const std::string path = bt::fuzz::write_input("shard.bin", data, size);
   try {
     const bt::ShardInfo info = bt::read_shard_header(path);
     const std::vector<uint16_t> tokens = bt::read_shard_tokens(info);

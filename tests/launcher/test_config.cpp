@@ -102,6 +102,31 @@ TEST_F(ConfigTest, WrongTypesAreNamed) {
   EXPECT_EQ(load_train_config("", {"train.steps=1e3"}).train.steps, 1000);
 }
 
+// What libFuzzer found (tests/fuzz/corpus/config/regression_*): keys that are
+// not words threw yaml-cpp's exception rather than naming the key; a value
+// JSON or YAML could not hold threw when the resolved config was written, or
+// did not read back; and an infinite learning rate was accepted.
+TEST_F(ConfigTest, ValuesThatCannotBeWrittenBackAreNamed) {
+  std::string e = error_of(yaml("train:\n  ? [a, b]\n  : 1\n"));
+  EXPECT_NE(e.find("config keys of section 'train'"), std::string::npos) << e;
+  e = error_of(yaml("? {model: 1}\n: 2\n"));
+  EXPECT_NE(e.find("config section names"), std::string::npos) << e;
+  // A byte that is not UTF-8, a control character, two noncharacters.
+  for (const std::string bad : {"a\xff"
+                                "b",
+                                "\"\\x01\"", "\"\\uFFFE\"", "\"\\U0007FFFF\""}) {
+    e = error_of("", {"train.sample_prompt=" + bad});
+    EXPECT_NE(e.find("'train.sample_prompt'"), std::string::npos) << e;
+    EXPECT_NE(e.find("must be printable UTF-8 text"), std::string::npos) << e;
+  }
+  EXPECT_EQ(load_train_config("", {"train.sample_prompt=\"Caf\u00e9\\n\\ttab\""}).train.sample_prompt,
+            "Caf\u00e9\n\ttab");
+  for (const char* inf : {"train.lr=.inf", "train.grad_clip=-.inf", "train.eps=.nan"}) {
+    e = error_of("", {inf});
+    EXPECT_NE(e.find("must be a finite number"), std::string::npos) << inf << ": " << e;
+  }
+}
+
 TEST_F(ConfigTest, ImpossibleValuesAreNamed) {
   std::string e = error_of("", {"train.batch_size=0"});
   EXPECT_NE(e.find("train.batch_size must be > 0"), std::string::npos) << e;

@@ -48,8 +48,10 @@
 
 namespace bt::nn {
 
-/// The gpt2 family: presets "tiny" (a CPU demo) and "gpt2-124m".
+/// The gpt2 family: presets "tiny" (a CPU demo) and "gpt2-124m" (family.cpp).
 const Family& gpt2_family();
+/// A Gpt (its Family's make; c validated).
+std::unique_ptr<Model> make_gpt2(const ModelConfig& c, const Device& device, uint64_t seed);
 
 class Gpt final : public Model {
  public:

@@ -29,8 +29,12 @@
 
 namespace bt::nn {
 
-/// The llama family: presets "llama-tiny" (a CPU demo) and "llama-150m".
+/// The llama family: presets "llama-tiny" (a CPU demo) and "llama-150m" (family.cpp).
 const Family& llama_family();
+/// A Llama (its Family's make; c validated).
+std::unique_ptr<Model> make_llama(const ModelConfig& c, const Device& device, uint64_t seed);
+/// model.ffn_hidden, or (0) 8 C / 3 rounded up to a multiple of 64 (C = 768 -> 2048).
+int64_t llama_ffn(const ModelConfig& c);
 
 class Llama final : public Model {
  public:

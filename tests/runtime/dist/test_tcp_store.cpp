@@ -126,5 +126,36 @@ TEST(TcpStore, PeersWithoutTheJobTokenAreRefusedAndNamedWhileTheStoreServes) {
   EXPECT_NE(m.find("lost the connection"), std::string::npos) << m;
 }
 
+// A rank's connection that sends what is not a request -- an unknown op, a
+// length over the 64 MiB limit, or a 64 MiB key announced and then not sent
+// -- is dropped, and the store serves the other ranks as before (the harness
+// tests/fuzz/fuzz_tcp_store.cpp tries many more such frames).
+TEST(TcpStore, AMembersFramesThatAreNotRequestsDropOnlyItsConnection) {
+  TcpStore server("127.0.0.1", 0, true, milliseconds(3000), kToken);
+  TcpStore rank1("127.0.0.1", server.port(), false, milliseconds(3000), kToken);
+  rank1.set("kept", "1");
+  const std::string frames[] = {
+      std::string("\x09\x01\x00\x00\x00k\x01\x00\x00\x00v", 11),        // op 9
+      std::string("\x01\x01\x00\x00\x04k", 6),                          // a key of 64 MiB + 1 byte
+      std::string("\x01\x00\x00\x00\x04", 5) + std::string(1000, 'k'),  // 64 MiB announced, 1000 sent
+  };
+  for (const std::string& frame : frames) {
+    std::string why;
+    const int fd = net::connect_until("127.0.0.1", server.port(),
+                                      std::chrono::steady_clock::now() + milliseconds(3000), &why);
+    ASSERT_GE(fd, 0) << why;
+    ASSERT_TRUE(auth::join(fd, kToken, milliseconds(3000), &why)) << why;
+    ASSERT_TRUE(net::send_all(fd, frame.data(), frame.size()));
+    ::shutdown(fd, SHUT_WR);
+    const timeval limit{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    char c;
+    EXPECT_LE(::recv(fd, &c, 1, 0), 0) << "the store answered a frame that is no request";
+    ::close(fd);
+    EXPECT_EQ(rank1.get("kept"), "1");
+  }
+  EXPECT_EQ(rank1.add("n", 3), 3);
+}
+
 }  // namespace
 }  // namespace bt::dist
