@@ -181,7 +181,7 @@ void Index::merge_fragment(const json& frag, int rank, const std::string& where)
         t.shape = std::move(shape);
       else
         BT_CHECK(shape == t.shape, where, ": rank ", rank, " saved tensor ", name, " with shape ",
-                 p.at("shape").dump(), ", another rank with shape ", json(t.shape).dump(),
+                 p.at("shape").dump(), ", an earlier piece of it with shape ", json(t.shape).dump(),
                  "; the checkpoint is corrupt");
       t.pieces.push_back(piece_from_json(p, where, name));
     }

@@ -77,7 +77,7 @@ struct Index {
   /// Adds rank `rank`'s fragment (what write_rank left in rank_RRRRR.json:
   /// its file, device, counters and pieces, each piece with its tensor's
   /// name and shape) as the commit merges them. Throws bt::Error naming `where` for a malformed fragment, a
-  /// file outside the folder, or a shape that another rank gave otherwise.
+  /// file outside the folder, or a shape that an earlier piece gave otherwise.
   void merge_fragment(const nlohmann::json& frag, int rank, const std::string& where);
   /// Sorts each tensor's pieces by begin (after the last merge_fragment).
   void sort_pieces();

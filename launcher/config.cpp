@@ -189,10 +189,10 @@ bool yaml_printable(const std::string& s) {
   for (const char* p = s.data(); p < s.data() + s.size();) {
     const unicode::Utf8Char u = unicode::decode_utf8(p, s.data() + s.size());
     const char32_t c = u.cp;
-    const bool printable = c == 0x9 || c == 0xA || c == 0xD || (c >= 0x20 && c <= 0x7E) || c == 0x85 ||
-                           (c >= 0xA0 && c <= 0xD7FF) || (c >= 0xE000 && c <= 0x10FFFF);
+    const bool allowed = c == 0x9 || c == 0xA || c == 0xD || (c >= 0x20 && c <= 0x7E) || c == 0x85 ||
+                         (c >= 0xA0 && c <= 0xD7FF) || (c >= 0xE000 && c <= 0x10FFFF);
     const bool noncharacter = (c >= 0xFDD0 && c <= 0xFDEF) || (c & 0xFFFE) == 0xFFFE;
-    if (!u.valid || !printable || noncharacter) return false;
+    if (!u.valid || !allowed || noncharacter) return false;
     p += u.len;
   }
   return true;

@@ -216,7 +216,7 @@ TEST(Checkpoint, AFragmentTheCommitCannotTrustIsRefused) {
       {[](json& f) {
          f["pieces"][0]["shape"] = {5, 2};
        },
-       "another rank with shape [10]"},
+       "an earlier piece of it with shape [10]"},
       {[](json& f) { f["pieces"][0]["shape"] = {-10}; }, "not a tensor's shape"},
       {[](json& f) { f["file"] = "../../outside.h5"; }, "not a plain file name"},
       {[](json& f) { f["pieces"][0]["file"] = "/etc/passwd"; }, "not a plain file name"},
