@@ -441,8 +441,11 @@ class OneFailingRank : public TrainDist {
       EXPECT_NE(r.out.find(why), std::string::npos) << tag << "\n" << r.out;
       EXPECT_EQ(r.out.find("error on rank 0"), std::string::npos) << tag << ": rank 0 did not fail\n"
                                                                   << r.out;
-      // Rank 0 finished steps 1 and 2 and was in step 3 when the job ended.
-      EXPECT_EQ(test::jsonl_rows(file(strategy + ".jsonl")).size(), 2u) << tag << "\n" << r.out;
+      // Rank 0 finished step 1, and step 2 unless rank 1 failed in step 3
+      // before rank 0 wrote step 2's row (seen under the sanitizers); it never
+      // finished step 3.
+      const size_t rows = test::jsonl_rows(file(strategy + ".jsonl")).size();
+      EXPECT_TRUE(rows == 1 || rows == 2) << tag << ": " << rows << " metrics rows\n" << r.out;
       if (launch) {
         EXPECT_NE(r.out.find("blutrain launch: rank 1 stopped the job after an error"), std::string::npos)
             << tag << "\n"
