@@ -15,7 +15,7 @@
 //     forward (rows; next to the hand kernel's row), a bias gradient (column
 //     sums) and a squared norm (a whole-tensor sum). Bytes counted: the big
 //     tensor read, plus written where the kernel writes one.
-//   Causal attention, bf16 (the Hopper wgmma forward where there is one, and
+//   Causal attention, bf16 (the Hopper wgmma kernels where there are, and
 //     the mma.sync kernels) and f32 (strict, TF32 and 3xTF32 products), GPT-2
 //     124M shape (B 16, H 12, T 1024, D 64; q/k/v strided slices of a fused
 //     [B, T, 3, H, D] buffer), forward and backward in TFLOP/s: the fast path
@@ -412,9 +412,9 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
   const struct {
     DType dt;
     k::GemmMath math;
-    bool wgmma;  // the Hopper forward, where this build and device have it
+    bool wgmma;  // the Hopper kernels, where this build and device have them
     const char* name;
-  } variants[] = {{DType::BF16, k::GemmMath::Strict, true, "bf16 (causal, wgmma forward)"},
+  } variants[] = {{DType::BF16, k::GemmMath::Strict, true, "bf16 (causal, wgmma)"},
                   {DType::BF16, k::GemmMath::Strict, false, "bf16 (causal, mma.sync)"},
                   {DType::F32, k::GemmMath::Strict, false, "f32 (strict, causal)"},
                   {DType::F32, k::GemmMath::Tf32x3, false, "f32 (3xTF32, causal)"},
@@ -465,7 +465,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
     }
     const std::string name = var.name;
     const char* key = dt == DType::F32 ? "f32" : "bf16";
-    for (int d = 0; d < (var.wgmma ? 1 : 2); ++d) {  // the wgmma variant's backward is mma.sync's
+    for (int d = 0; d < 2; ++d) {
       const double flops = d == 0 ? fwd_flops : bwd_flops;
       const auto [ref_ms, backend] = sdpa.is_object() && sdpa.contains(key)
                                          ? best_backend(sdpa.at(key), d == 0 ? "fwd_ms" : "bwd_ms")

@@ -146,14 +146,16 @@ void attention_forward(const AttnForward& a, cudaStream_t stream);
 size_t attention_backward_scratch_floats(const AttnShape& s);
 void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream);
 
-/// The Hopper forward (kernels/cuda/sm90a/attention_wgmma.cu, wgmma): a BF16
-/// forward with D = 64 on the tensor-core path runs it when this build has
-/// the sm_90a kernels, the current device is compute capability 9.0, and it
-/// is turned on (the default; BT_ATTENTION_WGMMA=0 in the environment at
-/// start, or set_attention_wgmma(false), turns it off); else the mma.sync
-/// kernels. Same results within bf16 rounding, not the same bits.
+/// The Hopper kernels (kernels/cuda/sm90a/attention_wgmma*.cu, wgmma): a BF16
+/// forward or backward with D = 64 on the tensor-core path runs them when
+/// this build has the sm_90a kernels, the current device is compute
+/// capability 9.0, and they are turned on (the default; BT_ATTENTION_WGMMA=0
+/// in the environment at start, or set_attention_wgmma(false), turns both
+/// off); else the mma.sync kernels. Same results within bf16 rounding, not
+/// the same bits.
 bool attention_wgmma_available();
 bool attention_forward_uses_wgmma(const AttnForward& a);
+bool attention_backward_uses_wgmma(const AttnBackward& a);
 bool attention_wgmma_enabled();  // the switch alone
 void set_attention_wgmma(bool on);
 }  // namespace cuda

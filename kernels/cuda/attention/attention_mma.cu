@@ -71,6 +71,7 @@
 
 #include "kernels/cuda/attention/attention_mma.cuh"
 #include "kernels/cuda/attention/attention_tiled.cuh"
+#include "kernels/cuda/attention/flash_backward.cuh"
 #include "kernels/cuda/attention/flash_common.cuh"
 #include "kernels/cuda/attention/mma_ops.cuh"
 #include "kernels/cuda/common.cuh"
@@ -215,37 +216,11 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   float* lse_s = reinterpret_cast<float*>(dos + 2 * BM * D);  // [2][BM]
   float* di_s = lse_s + 2 * BM;                               // [2][BM]
 
-  // Without GQA (G = 1, Hkv = H), constants: the loop below runs one query head.
-  const int64_t G = GQA ? p.G : 1, Hkv = GQA ? p.Hkv : p.H;
-  const int64_t bhk_count = p.B * Hkv, bid = blockIdx.x;
-  const int64_t bhk = bid % bhk_count, tile = bid / bhk_count;  // first key tiles see the most queries
-  const int64_t b = bhk / Hkv, hk = bhk % Hkv, T = p.T;
-  const int64_t k0 = tile * BN;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const E* kg = p.k + b * p.sk.b + hk * p.sk.h;
-  const E* vg = p.v + b * p.sv.b + hk * p.sv.h;
-
-  // The loop walks the query tiles qt0 .. nqt - 1 of each query head of the
-  // group in order (Note [Grouped-query attention]): dK and dV sum over them
-  // in the same registers. Query tiles before qt0 see none of the keys.
-  // qg, dog, lse_g, di_g point at the head of the next tile to load.
-  const int64_t h0 = hk * G, bh0 = b * p.H + h0;
-  const E* qg = p.q + b * p.sq.b + h0 * p.sq.h;
-  const E* dog = p.dout + b * p.sdo.b + h0 * p.sdo.h;
-  const float* lse_g = p.lse + bh0 * T;
-  const float* di_g = p.di + bh0 * T;
-
-  const int64_t qt0 = k0 / BM, nqt = (T + BM - 1) / BM;
-  load_tile<Ops, D, BN, kThreads>(ks, kg, p.sk.t, k0, T);
-  load_tile<Ops, D, BN, kThreads>(vs, vg, p.sv.t, k0, T);
-  load_tile<Ops, D, BM, kThreads>(qs, qg, p.sq.t, qt0 * BM, T);
-  load_tile<Ops, D, BM, kThreads>(dos, dog, p.sdo.t, qt0 * BM, T);
-  load_vec<BM, kThreads>(lse_s, lse_g, qt0 * BM, T);
-  load_vec<BM, kThreads>(di_s, di_g, qt0 * BM, T);
-  cp_async_commit();
-
+  DkdvBlock<Ops, D, BN, BM, kThreads, GQA> blk(p);
+  blk.load_first(ks, vs, qs, dos, lse_s, di_s, p);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wrow = warp * 16;
-  const int64_t wk0 = k0 + wrow;
+  const int64_t wk0 = blk.k0 + wrow, T = blk.T;
   typename Ops::A kf[KS], vf[KS];
   float dk[DT][4], dv[DT][4];
 #pragma unroll
@@ -253,26 +228,11 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
 
-  // Without GQA, G = 1 is a constant and the head loop folds away.
-  for (int64_t gh = 0; gh < G; ++gh)
-    for (int64_t qt = qt0; qt < nqt; ++qt) {
-      const int buf = static_cast<int>((gh * (nqt - qt0) + qt - qt0) & 1);
-      if (qt + 1 < nqt || gh + 1 < G) {
-        const int nb = buf ^ 1;
-        const bool next_head = qt + 1 == nqt;  // the next tile is the next head's first
-        if (next_head) qg += p.sq.h, dog += p.sdo.h, lse_g += T, di_g += T;
-        const int64_t r1 = (next_head ? qt0 : qt + 1) * BM;
-        load_tile<Ops, D, BM, kThreads>(qs + nb * BM * D, qg, p.sq.t, r1, T);
-        load_tile<Ops, D, BM, kThreads>(dos + nb * BM * D, dog, p.sdo.t, r1, T);
-        load_vec<BM, kThreads>(lse_s + nb * BM, lse_g, r1, T);
-        load_vec<BM, kThreads>(di_s + nb * BM, di_g, r1, T);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+  for (int64_t gh = 0; gh < blk.G; ++gh)
+    for (int64_t qt = blk.qt0; qt < blk.nqt; ++qt) {
+      const int buf = blk.next(gh, qt, qs, dos, lse_s, di_s, p);
       __syncthreads();
-      if (gh == 0 && qt == qt0) {
+      if (gh == 0 && qt == blk.qt0) {
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
           Ops::template load_a<D>(kf[kk], ks, wrow, kk, lane);
@@ -281,8 +241,6 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       }
       const E* qb = qs + buf * BM * D;
       const E* dob = dos + buf * BM * D;
-      const float* lb = lse_s + buf * BM;
-      const float* db = di_s + buf * BM;
       const int64_t qq0 = qt * BM;
       if (qq0 + BM - 1 >= wk0 && wk0 < T) {  // warp-uniform: some query of the tile sees some key
         float st[NQ][4], dpt[NQ][4];
@@ -305,28 +263,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             Ops::template mma<1>(dpt[2 * np + 1], va, bf);
           }
         }
-        const bool need_mask = qq0 < wk0 + 15 || qq0 + BM > T;
-#pragma unroll
-        for (int nt = 0; nt < NQ; ++nt) {
-          const float2 l2 = *reinterpret_cast<const float2*>(lb + nt * 8 + 2 * tq);
-          const float2 d2 = *reinterpret_cast<const float2*>(db + nt * 8 + 2 * tq);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int ql = nt * 8 + 2 * tq + j;
-            const float lq = (j ? l2.y : l2.x) * kLog2e, dq = j ? d2.y : d2.x;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              const int e = 2 * hf + j;
-              float pv = fast_exp2(fmaf(st[nt][e], p.scale_log2, -lq));
-              if (need_mask) {
-                const int64_t key = wk0 + g + 8 * hf, qi = qq0 + ql;
-                if (qi < key || qi >= T) pv = 0.0f;
-              }
-              st[nt][e] = pv;
-              dpt[nt][e] = pv * (dpt[nt][e] - dq);
-            }
-          }
-        }
+        dkdv_scores_to_grads(st, dpt, lse_s + buf * BM, di_s + buf * BM, wk0, qq0, T, p.scale_log2, lane);
 #pragma unroll
         for (int kk = 0; kk < NQ / 2; ++kk) {
           typename Ops::A pf, df;
@@ -349,12 +286,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       __syncthreads();
     }
 
-  // Epilogue through this warp's rows of the K and V tiles (only this warp read them).
-  stage_acc<Ops, D>(ks, wrow, dk, p.scale, lane);
-  stage_acc<Ops, D>(vs, wrow, dv, 1.0f, lane);
-  __syncwarp();
-  store_rows<Ops, D, 16>(ks, wrow, p.dk + b * p.sdk.b + hk * p.sdk.h, p.sdk.t, wk0, T, lane);
-  store_rows<Ops, D, 16>(vs, wrow, p.dv + b * p.sdv.b + hk * p.sdv.h, p.sdv.t, wk0, T, lane);
+  blk.store(ks, vs, wrow, wk0, dk, dv, p, lane);  // only this warp read its rows of K and V
 }
 
 // ------------------------------------------------------------------ backward: dQ
@@ -369,45 +301,13 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   E* ks = dos + BM * D;                    // [2][BN][D]
   E* vs = ks + 2 * BN * D;                 // [2][BN][D]
 
-  const int64_t bh_count = p.B * p.H, bid = blockIdx.x;
-  const int64_t bh = bid % bh_count, tile = p.tiles - 1 - bid / bh_count;  // longest rows first
-  const int64_t b = bh / p.H, h = bh % p.H, T = p.T;
-  const int64_t q0 = tile * BM;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const E* qg = p.q + b * p.sq.b + h * p.sq.h;
-  const E* kg = p.k + b * p.sk.b + (h / p.G) * p.sk.h;  // Note [Grouped-query attention]
-  const E* vg = p.v + b * p.sv.b + (h / p.G) * p.sv.h;
-  const E* dog = p.dout + b * p.sdo.b + h * p.sdo.h;
-
-  const int64_t kend = q0 + BM < T ? q0 + BM : T;
-  const int nkt = static_cast<int>((kend + BN - 1) / BN);
-  load_tile<Ops, D, BM, kThreads>(qs, qg, p.sq.t, q0, T);
-  load_tile<Ops, D, BM, kThreads>(dos, dog, p.sdo.t, q0, T);
-  load_tile<Ops, D, BN, kThreads>(ks, kg, p.sk.t, 0, T);
-  load_tile<Ops, D, BN, kThreads>(vs, vg, p.sv.t, 0, T);
-  cp_async_commit();
-
+  const DqBlock<Ops, D, BM, BN, kThreads> blk(p);
+  blk.load_first(qs, dos, ks, vs, p);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wrow = warp * 16;
-  const int64_t wq0 = q0 + wrow;
-  // Di = rowsum(dO * O) of this lane's rows g and g + 8 (lane t of the quad
-  // takes the 16-byte chunks t, t + 4, ...), kept in registers and written to
-  // scratch for the dK/dV pass that runs next.
-  const E* og = p.o + b * p.so.b + h * p.so.h;
+  const int64_t wq0 = blk.q0 + wrow, T = blk.T;
   float lse2[2], dii[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int64_t r = wq0 + g + 8 * hf;
-    const bool ok = r < T;
-    float acc = 0.0f;
-    if (ok) {
-#pragma unroll
-      for (int c = tq; c < D / Ops::kChunk; c += 4)
-        acc = Ops::dot_chunk(acc, og + r * p.so.t + c * Ops::kChunk, dog + r * p.sdo.t + c * Ops::kChunk);
-    }
-    dii[hf] = quad_sum(acc);
-    lse2[hf] = ok ? p.lse[bh * T + r] * kLog2e : 0.0f;
-    if (ok && tq == 0) p.di[bh * T + r] = dii[hf];
-  }
+  blk.row_stats(lse2, dii, wq0, p, lane);
   typename Ops::A qf[KS], dof[KS];
   float dq[DT][4];
 #pragma unroll
@@ -415,9 +315,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
 
-  for (int kt = 0; kt < nkt; ++kt) {
+  for (int kt = 0; kt < blk.nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
-    next_kv_tile<Ops, D, BN, kThreads>(ks, vs, kg, vg, p.sk.t, p.sv.t, kt, nkt, T);
+    next_kv_tile<Ops, D, BN, kThreads>(ks, vs, blk.kg, blk.vg, p.sk.t, p.sv.t, kt, blk.nkt, T);
     __syncthreads();
     if (kt == 0) {
 #pragma unroll
@@ -449,19 +349,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
           Ops::template mma<1>(dp[2 * np + 1], da, bf);
         }
       }
-      const bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > T;
-#pragma unroll
-      for (int nt = 0; nt < NTL; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hf = e >> 1;
-          float pv = fast_exp2(fmaf(s[nt][e], p.scale_log2, -lse2[hf]));
-          if (need_mask) {
-            const int64_t row = wq0 + g + 8 * hf, col = k0 + nt * 8 + 2 * tq + (e & 1);
-            if (col > row || col >= T) pv = 0.0f;
-          }
-          s[nt][e] = pv * (dp[nt][e] - dii[hf]);  // dS
-        }
+      dq_scores_to_grads(s, dp, lse2, dii, wq0, k0, T, p.scale_log2, lane);  // s becomes dS
 #pragma unroll
       for (int kk = 0; kk < NTL / 2; ++kk) {
         typename Ops::A df;
@@ -479,9 +367,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     __syncthreads();
   }
 
-  stage_acc<Ops, D>(qs, wrow, dq, p.scale, lane);
-  __syncwarp();
-  store_rows<Ops, D, 16>(qs, wrow, p.dq + b * p.sdq.b + h * p.sdq.h, p.sdq.t, wq0, T, lane);
+  blk.store(qs, wrow, dq, p, lane);  // only this warp read its rows of Q
 }
 
 // ------------------------------------------------------------------ host side
@@ -583,6 +469,9 @@ void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
 }
 
 void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t stream) {
+#ifdef BT_SM90A
+  if (attention_backward_uses_wgmma(a)) return attention_backward_wgmma(a, di, stream);
+#endif
   if (a.dt == DType::BF16) return backward<Bf16Ops>(a, di, stream);
   if (a.math == GemmMath::Tf32x3) return backward<Tf32Ops<true>>(a, di, stream);
   backward<Tf32Ops<false>>(a, di, stream);
@@ -594,8 +483,9 @@ namespace bt::kernels::cuda {
 namespace {
 
 // On by default (measured on an H100: 246 TFLOP/s forward against the
-// mma.sync kernels' 205, bench/RESULTS.md); BT_ATTENTION_WGMMA=0 at start
-// turns it off, set_attention_wgmma changes it.
+// mma.sync kernels' 205, bench/RESULTS.md; the backward: issue 18's step 10
+// there); BT_ATTENTION_WGMMA=0 at start turns both off, set_attention_wgmma
+// changes it.
 std::atomic<bool> g_wgmma_on{[] {
   const char* v = std::getenv("BT_ATTENTION_WGMMA");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -618,6 +508,11 @@ bool attention_wgmma_available() {
 bool attention_forward_uses_wgmma(const AttnForward& a) {
   return g_wgmma_on.load() && a.dt == DType::BF16 && a.shape.D == 64 &&
          attention_forward_path(a) == AttnPath::TensorCore && attention_wgmma_available();
+}
+
+bool attention_backward_uses_wgmma(const AttnBackward& a) {
+  return g_wgmma_on.load() && a.dt == DType::BF16 && a.shape.D == 64 &&
+         attention_backward_path(a) == AttnPath::TensorCore && attention_wgmma_available();
 }
 
 bool attention_wgmma_enabled() { return g_wgmma_on.load(); }

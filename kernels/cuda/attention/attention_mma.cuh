@@ -21,5 +21,9 @@ void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t strea
 /// BT_SM90A): BF16, D = 64; attention_forward_mma calls it when
 /// attention_forward_uses_wgmma (kernels/attention.h).
 void attention_forward_wgmma(const AttnForward& a, cudaStream_t stream);
+/// The Hopper wgmma backward (kernels/cuda/sm90a/attention_wgmma_bwd.cu):
+/// BF16, D = 64, both passes; attention_backward_mma calls it when
+/// attention_backward_uses_wgmma.
+void attention_backward_wgmma(const AttnBackward& a, float* di, cudaStream_t stream);
 
 }  // namespace bt::kernels::cuda::detail

@@ -42,23 +42,6 @@ namespace bt::kernels::cuda::detail {
 namespace {
 
 constexpr int kD = 64;
-constexpr int kTileAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 bytes
-
-/// S (64 x BN) = Q K^T for a warpgroup: 4 k-steps of 16 over D = 64.
-template <int BN>
-__device__ __forceinline__ void qk_wgmma(float (&s)[BN / 8][4], const bf16_t* q, const bf16_t* k) {
-  float(&acc)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s);
-#pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
-    const uint64_t a = sw128_desc(q + ks * 16), b = sw128_desc(k + ks * 16);
-    if constexpr (BN == 64) {
-      wgmma_m64n64k16_ss(acc, a, b, ks > 0);
-    } else {
-      static_assert(BN == 128, "key tiles of 64 or 128");
-      wgmma_m64n128k16_ss(acc, a, b, ks > 0);
-    }
-  }
-}
 
 template <int NWG, int BN, int MINB>
 __global__ void __launch_bounds__(NWG * 128, MINB) attn_fwd_wgmma_kernel(const AttnFwdParams<bf16_t> p) {
@@ -66,10 +49,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_fwd_wgmma_kernel(const A
   using Ops = Bf16Ops;
   constexpr int D = kD, kThreads = NWG * 128, BM = 64 * NWG, NTL = BN / 8, DT = D / 8;
   extern __shared__ unsigned char smem_raw[];
-  bf16_t* qs = reinterpret_cast<bf16_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kTileAlign - 1) &
-                                         ~uintptr_t{kTileAlign - 1});  // [BM][D]
-  bf16_t* ks = qs + BM * D;                                            // [2][BN][D]
-  bf16_t* vs = ks + 2 * BN * D;                                        // [2][BN][D]
+  bf16_t* qs = reinterpret_cast<bf16_t*>(align_1024(smem_raw));  // [BM][D]
+  bf16_t* ks = qs + BM * D;                                      // [2][BN][D]
+  bf16_t* vs = ks + 2 * BN * D;                                  // [2][BN][D]
 
   const FwdBlock<bf16_t, BM, BN> blk(p);
   const int64_t bh = blk.bh, b = blk.b, h = blk.h, T = blk.T, q0 = blk.q0;
@@ -98,24 +80,15 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_fwd_wgmma_kernel(const A
     if (k0 <= gq_last && gq0 < T) {  // warpgroup-uniform: some key of the tile is visible to the group
       float s[NTL][4];
       wgmma_fence();
-      qk_wgmma<BN>(s, qgroup, kb);
+      wgmma_abt_d64<BN>(flat<BN>(s), qgroup, kb);
       wgmma_commit();
       wgmma_wait<0>();
       if (k0 + BN - 1 > wq0 || k0 + BN > T) mask_scores(s, wq0, k0, T, lane);
       softmax_update(s, m, l, o, p.scale_log2);
       uint32_t pa[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        Ops::A a;
-        Ops::acc_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pa[kk][i] = a.r[i];
-      }
-      float(&oacc)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+      acc_to_frags<BN>(pa, s);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_m64n64k16_rs_nmajor_b(oacc, pa[kk], sw128_desc(vb + kk * 16 * D));
+      wgmma_ab_regs<BN>(flat<D>(o), pa, vb);
       wgmma_commit();
       wgmma_wait<0>();
     }
@@ -137,7 +110,7 @@ void launch_fwd_wgmma(const AttnForward& a, cudaStream_t stream) {
   constexpr int BM = 64 * NWG;
   AttnFwdParams<bf16_t> p = fwd_params<bf16_t>(a);
   p.tiles = ceil_div(p.T, BM);
-  const size_t smem = static_cast<size_t>(BM + 4 * BN) * kD * sizeof(bf16_t) + kTileAlign;
+  const size_t smem = static_cast<size_t>(BM + 4 * BN) * kD * sizeof(bf16_t) + kSwizzleAlign;
   launch(attn_fwd_wgmma_kernel<NWG, BN, MINB>, blocks_for(a.shape, a.shape.H, p.tiles, "attention_forward"),
          NWG * 128, smem, stream, p);
 }

@@ -24,9 +24,22 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention/mma_ops.cuh"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace bt::kernels::cuda::detail {
+
+/// The 128-byte swizzle repeats every 8 rows of 128 bytes: a swizzled tile
+/// starts on a boundary of this many bytes.
+constexpr int kSwizzleAlign = 1024;
+
+/// The first kSwizzleAlign boundary at or after `raw` (dynamic shared memory
+/// is only 16-byte aligned: kernels ask for kSwizzleAlign bytes more).
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* raw) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + kSwizzleAlign - 1) &
+                                          ~uintptr_t{kSwizzleAlign - 1});
+}
 
 /// Descriptor of a 128-byte-swizzled tile of 128-byte rows starting at `p`
 /// (the tile's first row, or 32 s bytes into it for k-step s of a K-major operand).
@@ -111,6 +124,55 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor_b(float (&d)[32], cons
         "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)
       : "memory");
+}
+
+/// acc (64 x N) = A B^T over a depth of 64: A's 64 rows and B's N rows are
+/// 128-byte-swizzled tiles of rows of 64 bf16 in shared memory (K-major), 4
+/// k-steps of 16. acc is overwritten. (S = Q K^T, dP = dO V^T, and their
+/// transposes in the dK/dV pass.)
+template <int N>
+__device__ __forceinline__ void wgmma_abt_d64(float (&acc)[N / 2], const bf16_t* a, const bf16_t* b) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const uint64_t da = sw128_desc(a + ks * 16), db = sw128_desc(b + ks * 16);
+    if constexpr (N == 64) {
+      wgmma_m64n64k16_ss(acc, da, db, ks > 0);
+    } else {
+      static_assert(N == 128, "N of 64 or 128");
+      wgmma_m64n128k16_ss(acc, da, db, ks > 0);
+    }
+  }
+}
+
+/// acc (64 x 64) += A B over a depth of K: A (64 x K) from registers, the
+/// k-step kk's fragment in a[kk] (an accumulator converted by acc_to_a), B
+/// the K rows of a 128-byte-swizzled tile of rows of 64 bf16 (N-major).
+/// (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.)
+template <int K>
+__device__ __forceinline__ void wgmma_ab_regs(float (&acc)[32], const uint32_t (&a)[K / 16][4],
+                                              const bf16_t* b) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) wgmma_m64n64k16_rs_nmajor_b(acc, a[kk], sw128_desc(b + kk * 16 * 64));
+}
+
+/// The A fragments of a product over the N columns of an accumulator (P,
+/// P^T, dS, dS^T), converted to bf16 in the register-A layout.
+template <int N>
+__device__ __forceinline__ void acc_to_frags(uint32_t (&f)[N / 16][4], const float (&acc)[N / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    Bf16Ops::A a;
+    Bf16Ops::acc_to_a(a, acc[2 * kk], acc[2 * kk + 1]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[kk][i] = a.r[i];
+  }
+}
+
+/// An accumulator tile as [N / 8][4] (the mma.sync fragments per 8-column
+/// tile, as flash_common.cuh takes it) seen as wgmma's flat N / 2 registers.
+template <int N>
+__device__ __forceinline__ float (&flat(float (&acc)[N / 8][4]))[N / 2] {
+  return reinterpret_cast<float(&)[N / 2]>(acc);
 }
 
 }  // namespace bt::kernels::cuda::detail

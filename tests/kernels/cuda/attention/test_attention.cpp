@@ -9,10 +9,10 @@
 // Unaligned* tests run the SIMT fallback, also on shapes the fast paths take.
 // The GroupedQuery* tests run each path with Hkv in {H, H / 2, 1} key/value
 // heads (Note [Grouped-query attention]), and the determinism of their backward.
-// On an sm_90 device the bf16 forward at D = 64 can run the Hopper wgmma
-// kernel (cuda::set_attention_wgmma): the TensorCore* tests turn it off to test
-// the mma.sync kernels, and the Wgmma* tests on (they skip where it is not
-// available).
+// On an sm_90 device the bf16 forward and backward at D = 64 can run the
+// Hopper wgmma kernels (cuda::set_attention_wgmma): the TensorCore* tests turn
+// them off to test the mma.sync kernels, and the Wgmma* tests on (they skip
+// where they are not available).
 // A test named after a path first asserts that its calls take that path
 // (cuda::attention_*_path, which the dispatcher switches on; its host test is
 // tests/kernels/common/test_attention_path.cpp).
@@ -193,16 +193,29 @@ class WgmmaScope {
   bool prev_;
 };
 
-/// A BF16 D = 64 forward on the tensor-core path, as run_vs_f64 makes one: does it run the wgmma kernel?
-bool forward_uses_wgmma(int64_t H, int64_t Hkv) {
+/// A BF16 D = 64 call on the tensor-core path, as run_vs_f64 makes one: do
+/// its forward and its backward run the wgmma kernels? (They are switched
+/// together: asserts that both do or neither does.)
+bool uses_wgmma(int64_t H, int64_t Hkv) {
   static unsigned char arena[64];  // aligned enough: never read
+  void* p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(arena) + 15) & ~uintptr_t{15});
+  const AttnShape shape{1, H, 128, 64, Hkv};
+  const AttnStrides st{0, 64 * 128, 64};
   AttnForward f;
   f.dt = DType::BF16;
-  f.shape = {1, H, 128, 64, Hkv};
+  f.shape = shape;
   f.scale = 0.125f;
-  f.q = f.k = f.v = f.o = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(arena) + 15) & ~uintptr_t{15});
-  f.sq = f.sk = f.sv = f.so = AttnStrides{0, 64 * 128, 64};
-  return cuda::attention_forward_uses_wgmma(f);
+  f.q = f.k = f.v = f.o = p;
+  f.sq = f.sk = f.sv = f.so = st;
+  AttnBackward b;
+  b.dt = DType::BF16;
+  b.shape = shape;
+  b.scale = 0.125f;
+  b.q = b.k = b.v = b.o = b.dout = b.dq = b.dk = b.dv = p;
+  b.sq = b.sk = b.sv = b.so = b.sdo = b.sdq = b.sdk = b.sdv = st;
+  const bool fwd = cuda::attention_forward_uses_wgmma(f), bwd = cuda::attention_backward_uses_wgmma(b);
+  EXPECT_EQ(fwd, bwd) << "the wgmma forward and backward are switched together";
+  return fwd && bwd;
 }
 
 /// The paths a forward and a backward call must take.
@@ -366,7 +379,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
 TEST(CudaAttention, TensorCorePathMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
   WgmmaScope mma_sync(false);
-  ASSERT_FALSE(forward_uses_wgmma(3, 0));
+  ASSERT_FALSE(uses_wgmma(3, 0));
   BT_SEED(seed);
   std::mt19937 gen(seed);
   for (int64_t T : {1, 17, 100, 257}) run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore);
@@ -452,36 +465,36 @@ TEST(CudaAttention, TensorCorePathIsDeterministic) {
   check_deterministic(DType::BF16, 64, AttnPath::TensorCore);
 }
 
-// The wgmma forward is the default where it exists (BT_ATTENTION_WGMMA=0 turns it off).
-TEST(CudaAttention, WgmmaForwardIsTheDefault) {
+// The wgmma kernels are the default where they exist (BT_ATTENTION_WGMMA=0 turns them off).
+TEST(CudaAttention, WgmmaIsTheDefault) {
   BT_SKIP_WITHOUT_GPU();
   const char* env = std::getenv("BT_ATTENTION_WGMMA");
   const bool off = env != nullptr && std::string(env) == "0";
   EXPECT_EQ(cuda::attention_wgmma_enabled(), !off);
-  EXPECT_EQ(forward_uses_wgmma(3, 0), !off && cuda::attention_wgmma_available());
+  EXPECT_EQ(uses_wgmma(3, 0), !off && cuda::attention_wgmma_available());
 }
 
-TEST(CudaAttention, WgmmaForwardMatchesFloat64) {
+TEST(CudaAttention, WgmmaMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
   if (!cuda::attention_wgmma_available())
     GTEST_SKIP() << "no sm_90a kernels in this build or not an sm_90 device";
   WgmmaScope on(true);
-  ASSERT_TRUE(forward_uses_wgmma(3, 0));
+  ASSERT_TRUE(uses_wgmma(3, 0));
   BT_SEED(seed);
   std::mt19937 gen(seed);
   for (int64_t T : {1, 17, 64, 100, 129, 257, 1024}) run_vs_f64({2, 3, T, 64, true}, gen, kTensorCore);
   run_vs_f64({2, 2, 200, 64, true}, gen, kTensorCore, 2.5);  // peaked softmax: large running-max corrections
   run_vs_f64({2, 2, 130, 64, true}, gen, kTensorCore, 1.0, 8);  // padded rows, still 16-byte aligned
   for (int64_t Hkv : {2, 1}) {
-    ASSERT_TRUE(forward_uses_wgmma(4, Hkv));
+    ASSERT_TRUE(uses_wgmma(4, Hkv));
     for (int64_t T : {17, 257}) run_vs_f64({2, 4, T, 64, true, Hkv}, gen, kTensorCore);
     run_vs_f64({1, 8, 1024, 64, true, 2}, gen, kTensorCore);
   }
-  // The other head dims keep the mma.sync forward.
+  // The other head dims keep the mma.sync kernels.
   run_vs_f64({2, 3, 150, 32, true}, gen, kTensorCore);
 }
 
-TEST(CudaAttention, WgmmaForwardIsDeterministic) {
+TEST(CudaAttention, WgmmaIsDeterministic) {
   BT_SKIP_WITHOUT_GPU();
   if (!cuda::attention_wgmma_available())
     GTEST_SKIP() << "no sm_90a kernels in this build or not an sm_90 device";
