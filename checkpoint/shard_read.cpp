@@ -61,6 +61,10 @@ ShardReader::File& ShardReader::file(const std::string& name) {
              "', outside the checkpoint's folder; the checkpoint is corrupt (Note [Files "
              "confined to their checkpoint])");
   }
+  // Opening a FIFO or a device for reading would block or read without end.
+  const fs::file_status st = fs::status(path, ec);
+  BT_CHECK(!fs::exists(st) || fs::is_regular_file(st), "checkpoint file '", path,
+           "' is not a regular file (a FIFO, a device or a folder); the checkpoint is corrupt");
   h5::Id h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, unlocked_file_access()), H5Fclose);
   BT_CHECK(h5.get() >= 0, "cannot open checkpoint file '", path, "': ", h5::error_stack(),
            " (missing, truncated or corrupt)");

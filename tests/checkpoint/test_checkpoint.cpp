@@ -16,6 +16,7 @@
 #include <hdf5.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/shard_file.h"
@@ -140,6 +141,31 @@ TEST(Checkpoint, FilesOutsideTheCheckpointsFolderAreRefused) {
   fs::rename(outside, d + "/data.h5");
   fs::create_symlink("data.h5", rank_file);
   EXPECT_TRUE(verify(d).empty());
+}
+
+// A FIFO or a folder in a rank file's place is refused before it is opened:
+// opening a FIFO for reading would wait for a writer forever.
+TEST(Checkpoint, ARankFileThatIsNotARegularFileIsRefused) {
+  test::TempDir dir("bt_ckpt");
+  const Globals g(1);
+  const std::string d = save(request(dir.file("ck"), 1, g), nullptr);
+  const std::string rank_file = d + "/rank_00000.h5";
+  for (const bool fifo : {true, false}) {
+    SCOPED_TRACE(fifo ? "a FIFO" : "a folder");
+    fs::remove(rank_file);
+    if (fifo)
+      ASSERT_EQ(mkfifo(rank_file.c_str(), 0600), 0) << std::strerror(errno);
+    else
+      fs::create_directory(rank_file);
+    const std::vector<std::string> found = verify(d);
+    ASSERT_FALSE(found.empty());
+    EXPECT_NE(found[0].find("checkpoint file '" + rank_file + "' is not a regular file"), std::string::npos)
+        << found[0];
+    const Globals got(1);
+    const std::string why =
+        test::error_message([&] { load_pieces(d, read_index(d), {piece("param/a", got.a, 0, 15)}); });
+    EXPECT_NE(why.find("is not a regular file"), std::string::npos) << why;
+  }
 }
 
 // Note [Integers from an index]: a number an index holds that is not an
