@@ -145,44 +145,6 @@ struct Rank1 {
   size_t keep = 0;
 };
 
-/// Sends the bytes while taking what comes back (the first `keep` of it into
-/// `got`), closes the sending side and reads until rank 0 closes the
-/// connection. One that rank 0 keeps open is a hang: trap.
-void exchange(int fd, const std::string& bytes, std::string* got, size_t keep) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPeerDoneMs);
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  bool writing = true;
-  static thread_local char sink[1 << 16];
-  for (;;) {
-    if (writing && n == 0) {
-      ::shutdown(fd, SHUT_WR);
-      writing = false;
-    }
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) __builtin_trap();  // rank 0 neither finished nor dropped rank 1
-    pollfd pfd{fd, static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0};
-    const int ready = ::poll(&pfd, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) die(bt::cat("poll: ", std::strerror(errno)));
-    if (ready == 0) continue;
-    if (writing && (pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = ::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w > 0) {
-        p += w, n -= static_cast<size_t>(w);
-      } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        writing = false;  // rank 0 has closed the connection
-      }
-    }
-    if (pfd.revents & (POLLIN | POLLERR | POLLHUP)) {
-      const ssize_t r = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
-      if (r > 0) got->append(sink, std::min(static_cast<size_t>(r), keep - std::min(keep, got->size())));
-    }
-  }
-}
-
 /// A connection to rank 0's group that has passed the handshake, or -1.
 int join_group(int port) {
   const int fd = connect_to(port);
@@ -205,7 +167,7 @@ void play_rank1(Store& store, Rank1& r) {
     const Hello h{kMagic, 1, channel, 0, r.gen};
     if ((fds[channel] = join_group(port)) >= 0) (void)bt::dist::net::send_all(fds[channel], &h, sizeof h);
   }
-  if (fds[0] >= 0) exchange(fds[0], r.stream, &r.got, r.keep);
+  if (fds[0] >= 0) bt::fuzz::exchange(fds[0], r.stream.data(), r.stream.size(), kPeerDoneMs, &r.got, r.keep);
   for (const int fd : fds)
     if (fd >= 0) ::close(fd);
 }

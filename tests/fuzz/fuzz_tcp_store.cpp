@@ -63,41 +63,6 @@ int connect_to(int port) {
   return fd;
 }
 
-/// Sends the bytes while taking whatever comes back (so that neither side
-/// waits on a full buffer), closes the sending side, and reads until the
-/// store closes the connection. A store that keeps it open is a hang: trap.
-void exchange(int fd, const uint8_t* p, size_t n) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPeerDoneMs);
-  bool writing = true;
-  char sink[4096];
-  for (;;) {
-    if (writing && n == 0) {
-      ::shutdown(fd, SHUT_WR);
-      writing = false;
-    }
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) __builtin_trap();  // the store neither finished nor dropped the peer
-    pollfd pfd{fd, static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0};
-    const int ready = ::poll(&pfd, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) die(bt::cat("poll: ", std::strerror(errno)));
-    if (ready == 0) continue;
-    if (writing && (pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = ::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w > 0) {
-        p += w, n -= static_cast<size_t>(w);
-      } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        writing = false;  // the store dropped the peer: what was left is not sent
-      }
-    }
-    if (pfd.revents & (POLLIN | POLLERR | POLLHUP)) {
-      const ssize_t r = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
-    }
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -111,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string why;
     if (!bt::dist::auth::join(fd, kToken, kWait, &why)) __builtin_trap();  // a member was refused
   }
-  exchange(fd, data + 1, size - 1);
+  bt::fuzz::exchange(fd, reinterpret_cast<const char*>(data + 1), size - 1, kPeerDoneMs);
   ::close(fd);
   // The store still serves a rank: a value and a counter of this input's.
   try {
