@@ -24,8 +24,6 @@
 // visible to wgmma's async proxy by fence.proxy.async before the barrier.
 // Each batch of wgmmas is committed and waited for before its accumulators
 // are read.
-#include <climits>
-#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/attention/attention_mma.cuh"
