@@ -279,28 +279,47 @@ bool greet(int fd, bool token, Nonce* sent) {
   return net::send_all(fd, msg.data(), msg.size());
 }
 
+size_t answer_size() { return sizeof kMagic + 64; }
+
+std::string incomplete_answer(std::string_view got, bool closed, std::chrono::milliseconds wait) {
+  if (got.empty())
+    return closed ? std::string("it closed the connection without a proof of the job token")
+                  : cat("it sent nothing within ", net::seconds(wait));
+  return cat("it sent ", got.size(),
+             closed ? " byte(s) and closed the connection: " : " byte(s) and then nothing: ",
+             shown(got.data(), got.size()), ", not a job-token handshake");
+}
+
+bool check_answer(std::string_view reply, const Nonce& sent, const std::string& token, Digest* ours,
+                  std::string* why) {
+  if (reply.size() != answer_size() || std::memcmp(reply.data(), kMagic, sizeof kMagic) != 0) {
+    *why = cat("it sent ", reply.size(), " bytes: ", shown(reply.data(), reply.size()),
+               ", not a job-token handshake");
+    return false;
+  }
+  Nonce theirs;
+  Digest proof;
+  std::memcpy(theirs.data(), reply.data() + sizeof kMagic, 32);
+  std::memcpy(proof.data(), reply.data() + sizeof kMagic + 32, 32);
+  if (!same_digest(proof, mac(token, "bt-peer", sent, theirs))) {
+    *why = "its proof of the job token is wrong (another token, or a replayed handshake)";
+    return false;
+  }
+  *ours = mac(token, "bt-rank0", theirs, sent);
+  return true;
+}
+
 bool answer(int fd, const Nonce& sent, const std::string& token, std::chrono::milliseconds wait,
             std::string* why) {
   char reply[sizeof kMagic + 64];
   bool closed = false;
   const size_t got = receive_within(fd, reply, sizeof reply, wait, &closed);
-  if (got < sizeof reply || std::memcmp(reply, kMagic, sizeof kMagic) != 0) {
-    const char* then = closed ? " byte(s) and closed the connection: " : " byte(s) and then nothing: ";
-    *why = got == 0 ? (closed ? std::string("it closed the connection without a proof of the job token")
-                              : cat("it sent nothing within ", net::seconds(wait)))
-                    : cat("it sent ", got, got < sizeof reply ? then : " bytes: ", shown(reply, got),
-                          ", not a job-token handshake");
+  if (got < sizeof reply) {
+    *why = incomplete_answer(std::string_view(reply, got), closed, wait);
     return false;
   }
-  Nonce theirs;
-  Digest proof;
-  std::memcpy(theirs.data(), reply + sizeof kMagic, 32);
-  std::memcpy(proof.data(), reply + sizeof kMagic + 32, 32);
-  if (!same_digest(proof, mac(token, "bt-peer", sent, theirs))) {
-    *why = "its proof of the job token is wrong (another token, or a replayed handshake)";
-    return false;
-  }
-  const Digest mine = mac(token, "bt-rank0", theirs, sent);
+  Digest mine;
+  if (!check_answer(std::string_view(reply, got), sent, token, &mine, why)) return false;
   if (!net::send_all(fd, mine.data(), mine.size())) {
     *why = "it closed the connection after its proof";
     return false;

@@ -44,6 +44,16 @@ std::optional<std::string> job_token();
 bool greet(int fd, bool token, Nonce* sent);
 bool answer(int fd, const Nonce& sent, const std::string& token, std::chrono::milliseconds wait,
             std::string* why);
+/// answer() in parts, for a server that reads its sockets without waiting
+/// (tcp_store.cpp): a peer's answer to the greeting is answer_size() bytes;
+/// check_answer() checks one against the nonce `sent` and gives rank 0's
+/// proof to send back in `ours`, or false with the reason in `why`;
+/// incomplete_answer() is the reason for one that stopped short after `got`
+/// (`closed`: the peer closed the connection; else `wait` ran out).
+size_t answer_size();
+bool check_answer(std::string_view reply, const Nonce& sent, const std::string& token, Digest* ours,
+                  std::string* why);
+std::string incomplete_answer(std::string_view got, bool closed, std::chrono::milliseconds wait);
 /// Both server calls in a row, for a server that handles one peer at a time
 /// (an empty `token`: the greeting only).
 bool accept_peer(int fd, const std::string& token, std::chrono::milliseconds wait, std::string* why);

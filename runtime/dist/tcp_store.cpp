@@ -13,7 +13,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "kernels/common/error.h"
@@ -24,6 +23,7 @@ namespace bt::dist {
 namespace {
 
 enum Op : uint8_t { kSet = 1, kCheck = 2, kAdd = 3 };
+constexpr uint32_t kMaxString = 64u << 20;  // a key's or a value's bytes at most
 
 using net::recv_all;
 using net::send_all;
@@ -35,9 +35,9 @@ bool send_str(int fd, const std::string& s) {
 
 bool recv_str(int fd, std::string& s) {
   uint32_t n = 0;
-  if (!recv_all(fd, &n, sizeof n) || n > (64u << 20)) return false;
-  // Grown as the bytes come (1 MiB at a time), so that a peer announcing 64
-  // MiB and sending less costs rank 0 what it sent, not 64 MiB.
+  if (!recv_all(fd, &n, sizeof n) || n > kMaxString) return false;
+  // Grown as the bytes come (1 MiB at a time), so that a reply announcing 64
+  // MiB and sending less costs what it sent, not 64 MiB.
   s.clear();
   for (size_t have = 0; have < n;) {
     const size_t step = std::min<size_t>(n - have, size_t{1} << 20);
@@ -102,86 +102,195 @@ void TcpStore::shutdown() {
     if (*f >= 0) ::close(*f), *f = -1;
 }
 
+// Note [A store that never waits on one client]
+// The server thread polls every connection and keeps, for each, the bytes it
+// has read and not yet used and the reply bytes it has not yet sent. It reads
+// what a readable socket holds, never more, acts on a handshake or a request
+// once its last byte is in, and sends what a writable socket takes. So a
+// client that stops halfway through its handshake or a request, or does not
+// read its replies, holds its own connection and nothing else: every other
+// rank is served meanwhile. (Before, the thread read a request whole, and such
+// a client held the store for the five seconds of a receive timeout, a
+// stranger one second per connection.) Bounds: a connection that has not
+// proved the job token within kProofWait of its greeting is dropped, so a
+// stranger cannot keep a socket; a request's key and value are at most 64 MiB
+// each, and one connection's next request is read only when its last reply
+// has gone, so a client that sends requests without reading the replies
+// holds at most one request and one reply in memory.
+namespace {
+
+/// One client connection of the server.
+struct Conn {
+  int fd = -1;
+  std::optional<auth::Nonce> pending;  // greeted; the proof of the token is not in yet
+  std::chrono::steady_clock::time_point proof_by;
+  std::string in;       // read, not yet used
+  std::string out;      // to send
+  bool closed = false;  // the client closed its side: what is in `in` is all there will be
+};
+
+/// The length field at `at` of a request in `in`, when its 4 bytes are there.
+std::optional<uint32_t> length_at(const std::string& in, size_t at) {
+  if (in.size() < at + 4) return std::nullopt;
+  uint32_t n = 0;
+  std::memcpy(&n, in.data() + at, 4);
+  return n;
+}
+
+enum class Parse { kNeedMore, kBad, kDone };
+
+/// A whole request at the front of `in` (op, key, value), or what is missing.
+Parse parse_request(const std::string& in, uint8_t* op, std::string* key, std::string* value, size_t* used) {
+  if (in.empty()) return Parse::kNeedMore;
+  *op = static_cast<uint8_t>(in[0]);
+  if (*op != kSet && *op != kCheck && *op != kAdd) return Parse::kBad;
+  const std::optional<uint32_t> nk = length_at(in, 1);
+  if (!nk) return Parse::kNeedMore;
+  if (*nk > kMaxString) return Parse::kBad;
+  const std::optional<uint32_t> nv = length_at(in, 5 + *nk);
+  if (!nv) return Parse::kNeedMore;
+  if (*nv > kMaxString) return Parse::kBad;
+  const size_t total = 9 + size_t{*nk} + *nv;
+  if (in.size() < total) return Parse::kNeedMore;
+  key->assign(in, 5, *nk);
+  value->assign(in, 9 + *nk, *nv);
+  *used = total;
+  return Parse::kDone;
+}
+
+}  // namespace
+
+/// The reply to one request; false for a request that cannot be served (an
+/// ADD to a value that is not an integer, or one that overflows).
+bool TcpStore::serve(uint8_t op, const std::string& key, const std::string& value, std::string* reply) {
+  if (op == kSet) {
+    data_[key] = value;
+    reply->assign(1, '\1');
+    return true;
+  }
+  const auto it = data_.find(key);
+  if (op == kCheck) {
+    // One write: with the reply in pieces, Nagle held each piece after the
+    // first until the client's delayed ACK (40 ms per get()).
+    reply->assign(1, it != data_.end() ? '\1' : '\0');
+    if (it != data_.end()) {
+      const auto n = static_cast<uint32_t>(it->second.size());
+      reply->append(reinterpret_cast<const char*>(&n), sizeof n).append(it->second);
+    }
+    return true;
+  }
+  int64_t have = 0, delta = 0;
+  if ((it != data_.end() && !decimal(it->second, &have)) || !decimal(value, &delta) ||
+      __builtin_add_overflow(have, delta, &have))
+    return false;
+  data_[key] = std::to_string(have);
+  reply->assign(reinterpret_cast<const char*>(&have), sizeof have);
+  return true;
+}
+
 void TcpStore::serve_loop() {
-  std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-  // Per client (fds[i + 2]): the nonce it was greeted with, until it proved
-  // the token (Note [Authenticated rendezvous]).
-  std::vector<std::optional<auth::Nonce>> pending;
-  auto drop = [&](size_t& i) {
-    ::close(fds[i].fd);
-    fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 2));
-    --i;
+  using Clock = std::chrono::steady_clock;
+  std::vector<Conn> conns;
+  std::vector<pollfd> fds;
+  const auto refuse = [](const Conn& c, const std::string& why) {
+    std::fprintf(stderr, "rendezvous: refused a connection to the store from %s: %s\n",
+                 auth::peer_of(c.fd).c_str(), why.c_str());
   };
   for (;;) {
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    // Poll the listener, the wake-up pipe and every client: for input while
+    // it has no reply waiting (one request at a time), for output while it has.
+    fds.assign({{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}});
+    int wait_ms = -1;
+    const auto now = Clock::now();
+    for (const Conn& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+      if (c.pending) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(c.proof_by - now).count();
+        wait_ms =
+            static_cast<int>(std::max<int64_t>(0, wait_ms < 0 ? left : std::min<int64_t>(wait_ms, left)));
+      }
+    }
+    if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
       if (errno == EINTR) continue;
-      return;
+      break;
     }
     if (fds[1].revents) break;  // shutting down
+    std::vector<bool> drop(conns.size(), false);
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Conn& c = conns[i];
+      const short ev = fds[i + 2].revents;
+      if (!c.out.empty() && (ev & (POLLOUT | POLLERR | POLLHUP))) {
+        const ssize_t w = ::send(c.fd, c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+          c.out.erase(0, static_cast<size_t>(w));
+        } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          drop[i] = true;  // the client is gone
+        }
+      } else if (c.out.empty() && (ev & (POLLIN | POLLERR | POLLHUP))) {
+        char buf[1 << 16];
+        const ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r > 0) {
+          c.in.append(buf, static_cast<size_t>(r));
+        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          c.closed = true;
+        }
+      }
+      if (drop[i]) continue;
+      if (c.pending) {
+        const size_t need = auth::answer_size();
+        if (c.in.size() >= need) {
+          auth::Digest ours;
+          std::string why;
+          if (auth::check_answer(std::string_view(c.in).substr(0, need), *c.pending, token_, &ours, &why)) {
+            c.pending.reset();
+            c.in.erase(0, need);
+            c.out.assign(reinterpret_cast<const char*>(ours.data()), ours.size());
+          } else {
+            refuse(c, why);
+            drop[i] = true;
+          }
+        } else if (c.closed || Clock::now() >= c.proof_by) {
+          refuse(c, auth::incomplete_answer(c.in, c.closed, kProofWait));
+          drop[i] = true;
+        }
+        continue;
+      }
+      if (!c.out.empty()) continue;  // its reply first
+      uint8_t op = 0;
+      std::string key, value, reply;
+      size_t used = 0;
+      const Parse got = parse_request(c.in, &op, &key, &value, &used);
+      if (got == Parse::kDone) {
+        c.in.erase(0, used);
+        if (serve(op, key, value, &reply))
+          c.out = std::move(reply);
+        else
+          drop[i] = true;  // the request cannot be served: the client spoke nonsense
+      } else if (got == Parse::kBad || c.closed) {
+        drop[i] = true;  // not a request, or the client left halfway through one
+      }
+    }
+    for (size_t i = conns.size(); i-- > 0;) {
+      if (!drop[i]) continue;
+      ::close(conns[i].fd);
+      conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
+    }
     if (fds[0].revents & POLLIN) {
       const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       auth::Nonce sent;
       if (c >= 0 && auth::greet(c, !token_.empty(), &sent)) {
-        // A request arrives whole from a rank; a peer that stops halfway
-        // through one is dropped after this long instead of stalling the store.
-        const timeval tv{5, 0};
-        ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         const int one = 1;  // replies leave at once, as the ranks' requests do (connect_until)
         ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        fds.push_back({c, POLLIN, 0});
-        pending.push_back(token_.empty() ? std::nullopt : std::optional<auth::Nonce>(sent));
+        Conn conn;
+        conn.fd = c;
+        if (!token_.empty()) conn.pending = sent, conn.proof_by = Clock::now() + kProofWait;
+        conns.push_back(std::move(conn));
       } else if (c >= 0) {
         ::close(c);
       }
     }
-    for (size_t i = 2; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      const int c = fds[i].fd;
-      if (std::optional<auth::Nonce>& n = pending[i - 2]) {
-        std::string why;
-        if (auth::answer(c, *n, token_, kProofWait, &why)) {
-          n.reset();
-        } else {
-          std::fprintf(stderr, "rendezvous: refused a connection to the store from %s: %s\n",
-                       auth::peer_of(c).c_str(), why.c_str());
-          drop(i);
-        }
-        continue;
-      }
-      uint8_t op = 0;
-      std::string key, value;
-      bool ok = recv_all(c, &op, 1) && recv_str(c, key) && recv_str(c, value);
-      if (ok && op == kSet) {
-        data_[key] = value;
-        const uint8_t r = 1;
-        ok = send_all(c, &r, 1);
-      } else if (ok && op == kCheck) {
-        // One write: with the reply in pieces, Nagle held each piece after the
-        // first until the client's delayed ACK (40 ms per get()).
-        const auto it = data_.find(key);
-        std::string reply(1, it != data_.end() ? '\1' : '\0');
-        if (it != data_.end()) {
-          const auto n = static_cast<uint32_t>(it->second.size());
-          reply.append(reinterpret_cast<const char*>(&n), sizeof n).append(it->second);
-        }
-        ok = send_all(c, reply.data(), reply.size());
-      } else if (ok && op == kAdd) {
-        const auto it = data_.find(key);
-        int64_t have = 0, delta = 0;
-        ok = (it == data_.end() || decimal(it->second, &have)) && decimal(value, &delta) &&
-             !__builtin_add_overflow(have, delta, &have);
-        if (ok) {
-          data_[key] = std::to_string(have);
-          ok = send_all(c, &have, sizeof have);
-        }
-      } else {
-        ok = false;
-      }
-      if (!ok) drop(i);  // the client left (or spoke nonsense)
-    }
   }
-  for (size_t i = 2; i < fds.size(); ++i) ::close(fds[i].fd);
+  for (const Conn& c : conns) ::close(c.fd);
 }
 
 std::string TcpStore::request(uint8_t op, const std::string& key, const std::string& value) {

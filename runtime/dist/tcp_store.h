@@ -7,8 +7,9 @@
 //   request  u8 op, u32 key length, key, u32 value length, value
 //   reply    SET: u8 1 | CHECK: u8 found, then u32 length + value if found |
 //            ADD: i64 new value (the value is a decimal integer)
-// Waiting for a key is the client polling CHECK until its deadline, so the
-// server never blocks on one client. Every connection starts with the job
+// Waiting for a key is the client polling CHECK until its deadline, and the
+// server reads and writes every socket without waiting on it, so no client
+// holds up another. Every connection starts with the job
 // token's handshake (Note [Authenticated rendezvous] in auth.cpp): a peer
 // that does not prove the token is dropped and named in rank 0's log, and the
 // store goes on serving the job.
@@ -54,7 +55,8 @@ class TcpStore {
 
  private:
   std::string request(uint8_t op, const std::string& key, const std::string& value);
-  void serve_loop();
+  void serve_loop();  // Note [A store that never waits on one client] in tcp_store.cpp
+  bool serve(uint8_t op, const std::string& key, const std::string& value, std::string* reply);
   void shutdown();  // closes the connection, stops and joins the server
 
   std::string host_;

@@ -1,9 +1,13 @@
 // The rendezvous store over real TCP sockets on localhost: values (binary
 // ones too) and counters shared between a serving and a connecting store, a
-// wait for a key set later, timeouts that name what was missing, and peers
+// wait for a key set later, timeouts that name what was missing, peers
 // without the job token refused and named while the store serves the ranks
-// (Note [Authenticated rendezvous] in runtime/dist/auth.cpp).
+// (Note [Authenticated rendezvous] in runtime/dist/auth.cpp), and clients
+// that stop halfway holding no one else up (Note [A store that never waits
+// on one client] in runtime/dist/tcp_store.cpp).
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -124,6 +128,68 @@ TEST(TcpStore, PeersWithoutTheJobTokenAreRefusedAndNamedWhileTheStoreServes) {
   open.set("word", "seven");
   m = test::error_message([&] { open.add("word", 1); });
   EXPECT_NE(m.find("lost the connection"), std::string::npos) << m;
+}
+
+/// A connection to the store at `port` that has proved kToken.
+int member(int port) {
+  std::string why;
+  const int fd =
+      net::connect_until("127.0.0.1", port, std::chrono::steady_clock::now() + milliseconds(3000), &why);
+  EXPECT_GE(fd, 0) << why;
+  EXPECT_TRUE(fd < 0 || auth::join(fd, kToken, milliseconds(3000), &why)) << why;
+  return fd;
+}
+
+// Note [A store that never waits on one client]: a rank stopped halfway
+// through a request holds its own connection and nothing else. The others are
+// served meanwhile, and its request, finished after theirs, is answered (the
+// store used to wait for it, then drop it after five seconds).
+TEST(TcpStore, AClientHalfwayThroughARequestHoldsOnlyItsOwnConnection) {
+  TcpStore server("127.0.0.1", 0, true, milliseconds(3000), kToken);
+  TcpStore rank1("127.0.0.1", server.port(), false, milliseconds(3000), kToken);
+  const int slow = member(server.port());
+  ASSERT_GE(slow, 0);
+  const std::string request("\x01\x01\x00\x00\x00k\x01\x00\x00\x00v", 11);  // SET k = v
+  ASSERT_TRUE(net::send_all(slow, request.data(), 6));                      // op and key only
+  rank1.set("x", "1");
+  EXPECT_EQ(rank1.get("x"), "1");
+  EXPECT_EQ(rank1.add("n", 4), 4);
+  EXPECT_EQ(server.add("n", 1), 5);
+  ASSERT_TRUE(net::send_all(slow, request.data() + 6, request.size() - 6));
+  const timeval limit{10, 0};
+  ::setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  char r = 0;
+  EXPECT_EQ(::recv(slow, &r, 1, 0), 1) << "the slow rank's request was not answered";
+  EXPECT_EQ(r, 1);
+  EXPECT_EQ(rank1.get("k"), "v");
+  ::close(slow);
+}
+
+// A connection that takes the greeting and then says nothing is dropped once
+// the proof's second is out, and named in rank 0's log; it never holds a
+// socket of the store for longer.
+TEST(TcpStore, AStrangerThatSaysNothingIsDroppedAfterASecond) {
+  TcpStore server("127.0.0.1", 0, true, milliseconds(3000), kToken);
+  testing::internal::CaptureStderr();
+  std::string why;
+  const int raw = net::connect_until("127.0.0.1", server.port(),
+                                     std::chrono::steady_clock::now() + milliseconds(3000), &why);
+  ASSERT_GE(raw, 0) << why;
+  const timeval limit{10, 0};
+  ::setsockopt(raw, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  char sink[64];
+  ssize_t got = 0, r = 0;
+  while ((r = ::recv(raw, sink, sizeof sink, 0)) > 0) got += r;
+  EXPECT_EQ(r, 0) << "the store kept the silent connection open (recv: " << std::strerror(errno) << ")";
+  EXPECT_EQ(got, 41) << "it got the greeting, then nothing";
+  ::close(raw);
+  TcpStore rank1("127.0.0.1", server.port(), false, milliseconds(3000), kToken);
+  rank1.set("after", "1");  // the store goes on
+  EXPECT_EQ(server.get("after"), "1");
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("rendezvous: refused a connection to the store from 127.0.0.1:"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("it sent nothing within 1 s"), std::string::npos) << log;
 }
 
 // A rank's connection that sends what is not a request -- an unknown op, a
