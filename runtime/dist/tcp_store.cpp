@@ -158,6 +158,52 @@ Parse parse_request(const std::string& in, uint8_t* op, std::string* key, std::s
   return Parse::kDone;
 }
 
+/// One poll round's transfer on client `c` (its poll events `ev`): sends what
+/// the socket takes of the reply waiting, or, with none, reads what it holds.
+/// False when the client is gone.
+bool transfer(Conn& c, short ev) {
+  if (!c.out.empty() && (ev & (POLLOUT | POLLERR | POLLHUP))) {
+    const ssize_t w = ::send(c.fd, c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) c.out.erase(0, static_cast<size_t>(w));
+    return w > 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+  }
+  if (c.out.empty() && (ev & (POLLIN | POLLERR | POLLHUP))) {
+    char buf[1 << 16];
+    const ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r > 0) {
+      c.in.append(buf, static_cast<size_t>(r));
+    } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      c.closed = true;
+    }
+  }
+  return true;
+}
+
+/// A connection still proving the job token: once its answer is whole,
+/// checks it and queues rank 0's proof. False -- the peer named in rank 0's
+/// log with the reason -- for a wrong answer, or for one that stopped short
+/// and then closed the connection or ran out of its time.
+bool prove(Conn& c, const std::string& token, std::chrono::steady_clock::time_point now) {
+  const size_t need = auth::answer_size();
+  std::string why;
+  if (c.in.size() >= need) {
+    auth::Digest ours;
+    if (auth::check_answer(std::string_view(c.in).substr(0, need), *c.pending, token, &ours, &why)) {
+      c.pending.reset();
+      c.in.erase(0, need);
+      c.out.assign(reinterpret_cast<const char*>(ours.data()), ours.size());
+      return true;
+    }
+  } else if (c.closed || now >= c.proof_by) {
+    why = auth::incomplete_answer(c.in, c.closed, kProofWait);
+  } else {
+    return true;  // the rest may still come
+  }
+  std::fprintf(stderr, "rendezvous: refused a connection to the store from %s: %s\n",
+               auth::peer_of(c.fd).c_str(), why.c_str());
+  return false;
+}
+
 }  // namespace
 
 /// The reply to one request; false for a request that cannot be served (an
@@ -192,10 +238,6 @@ void TcpStore::serve_loop() {
   using Clock = std::chrono::steady_clock;
   std::vector<Conn> conns;
   std::vector<pollfd> fds;
-  const auto refuse = [](const Conn& c, const std::string& why) {
-    std::fprintf(stderr, "rendezvous: refused a connection to the store from %s: %s\n",
-                 auth::peer_of(c.fd).c_str(), why.c_str());
-  };
   for (;;) {
     // Poll the listener, the wake-up pipe and every client: for input while
     // it has no reply waiting (one request at a time), for output while it has.
@@ -218,44 +260,11 @@ void TcpStore::serve_loop() {
     std::vector<bool> drop(conns.size(), false);
     for (size_t i = 0; i < conns.size(); ++i) {
       Conn& c = conns[i];
-      const short ev = fds[i + 2].revents;
-      if (!c.out.empty() && (ev & (POLLOUT | POLLERR | POLLHUP))) {
-        const ssize_t w = ::send(c.fd, c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-          c.out.erase(0, static_cast<size_t>(w));
-        } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          drop[i] = true;  // the client is gone
-        }
-      } else if (c.out.empty() && (ev & (POLLIN | POLLERR | POLLHUP))) {
-        char buf[1 << 16];
-        const ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (r > 0) {
-          c.in.append(buf, static_cast<size_t>(r));
-        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          c.closed = true;
-        }
-      }
-      if (drop[i]) continue;
-      if (c.pending) {
-        const size_t need = auth::answer_size();
-        if (c.in.size() >= need) {
-          auth::Digest ours;
-          std::string why;
-          if (auth::check_answer(std::string_view(c.in).substr(0, need), *c.pending, token_, &ours, &why)) {
-            c.pending.reset();
-            c.in.erase(0, need);
-            c.out.assign(reinterpret_cast<const char*>(ours.data()), ours.size());
-          } else {
-            refuse(c, why);
-            drop[i] = true;
-          }
-        } else if (c.closed || Clock::now() >= c.proof_by) {
-          refuse(c, auth::incomplete_answer(c.in, c.closed, kProofWait));
-          drop[i] = true;
-        }
+      if (!transfer(c, fds[i + 2].revents) || (c.pending && !prove(c, token_, Clock::now()))) {
+        drop[i] = true;
         continue;
       }
-      if (!c.out.empty()) continue;  // its reply first
+      if (c.pending || !c.out.empty()) continue;  // the proof, or its reply, first
       uint8_t op = 0;
       std::string key, value, reply;
       size_t used = 0;
