@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/common/dtype.h"
 #ifdef BT_CUDA
@@ -48,6 +49,10 @@ void adamw(const AdamWArgs& a);
 #ifdef BT_CUDA
 namespace cuda {
 void adamw(const AdamWArgs& a, cudaStream_t stream);
+/// adamw() on every buffer of `list`, in a few launches (Note [One AdamW
+/// launch] in kernels/cuda/adamw.cu): the same bits. A buffer's copy, when
+/// it has one, is bf16 or f32.
+void adamw_many(std::span<const AdamWArgs> list, cudaStream_t stream);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

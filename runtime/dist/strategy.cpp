@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/env.h"
 #include "runtime/autograd/grad_mode.h"
+#include "runtime/core/precision.h"
+#include "runtime/dist/compute_copies.h"
 #include "runtime/dist/ddp.h"
 #include "runtime/dist/zero.h"
 #include "runtime/dist/zero3.h"
@@ -32,18 +35,37 @@ uint64_t f32_bytes(const std::vector<Tensor>& ts) {
   return n;
 }
 
+/// Under bf16, the copies a forward takes (Note [Compute copies]); null
+/// otherwise, or when BT_COMPUTE_COPIES=0 (each forward casts, as before).
+std::unique_ptr<ComputeCopies> compute_copies(const std::vector<ParamSpec>& ps, AdamW& opt) {
+  if (precision() != Precision::BF16 ||
+      env_int("BT_COMPUTE_COPIES", 1, 0, 1,
+              "whether AdamW writes the bf16 weights (1) or each forward casts them (0)") == 0)
+    return nullptr;
+  auto c = std::make_unique<ComputeCopies>(ps, DType::BF16);
+  for (const auto& [master, copy] : c->copies()) opt.set_copy(master, copy);
+  return c;
+}
+
 class LocalStrategy : public Strategy {
  public:
   LocalStrategy(const StrategyOptions& o, std::vector<ParamSpec> ps)
-      : specs_(ps), params_(tensors_of(ps)), opt_(full_adamw(ps, o.adamw)) {}
+      : specs_(ps),
+        params_(tensors_of(ps)),
+        opt_(full_adamw(ps, o.adamw)),
+        copies_(compute_copies(ps, *opt_)) {}
   std::string name() const override { return "local"; }
   void zero_grad() override { opt_->zero_grad(/*set_to_none=*/true); }  // Note [Stealing the gradient]
   void before_backward(bool) override {}
   void after_backward() override {}
   Tensor grad_sum_squares() override { return bt::grad_sum_squares(params_, device()); }
   AdamW::StepScalars advance(double lr) override { return opt_->advance(lr); }
-  void apply_step(const Tensor& hyper, const Tensor& scale) override { opt_->apply(hyper, scale); }
+  void apply_step(const Tensor& hyper, const Tensor& scale) override {
+    opt_->apply(hyper, scale);
+    if (copies_) copies_->updated();
+  }
   Device device() const override { return params_[0].device(); }
+  nn::WeightSource* weight_source() override { return copies_.get(); }
   void step_skipped() override { opt_->retract(); }
   std::vector<std::pair<size_t, Tensor>> gradient_parts() const override {
     std::vector<std::pair<size_t, Tensor>> out;
@@ -89,6 +111,7 @@ class LocalStrategy : public Strategy {
   int64_t rank_ = 0, n_ = 1;  // this rank's share of the state to write
   std::vector<Tensor> params_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<ComputeCopies> copies_;
 };
 
 class DdpStrategy : public LocalStrategy {

@@ -1,6 +1,8 @@
 #include "runtime/optim/adamw.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "kernels/adamw.h"
 #include "runtime/autograd/grad_mode.h"
@@ -28,11 +30,30 @@ AdamW::AdamW(std::vector<Group> groups, const AdamWOptions& opts) : opts_(opts) 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& opts)
     : AdamW(std::vector<Group>{Group{std::move(params), opts.weight_decay}}, opts) {}
 
-std::pair<Tensor, Tensor> AdamW::moments(const Tensor& p) const {
+const AdamW::State& AdamW::state_of(const Tensor& p, const char* what) const {
   for (const State& s : state_)
-    if (s.param.impl() == p.impl()) return {s.m, s.v};
-  BT_FAIL("AdamW::moments: a tensor of shape ", shape_str(p.shape()),
+    if (s.param.impl() == p.impl()) return s;
+  BT_FAIL("AdamW::", what, ": a tensor of shape ", shape_str(p.shape()),
           " is not one of the optimizer's parameters");
+}
+
+AdamW::State& AdamW::state_of(const Tensor& p, const char* what) {
+  return const_cast<State&>(std::as_const(*this).state_of(p, what));
+}
+
+std::pair<Tensor, Tensor> AdamW::moments(const Tensor& p) const {
+  const State& s = state_of(p, "moments");
+  return {s.m, s.v};
+}
+
+void AdamW::set_copy(const Tensor& p, const Tensor& copy) {
+  State& s = state_of(p, "set_copy");
+  BT_CHECK(
+      !copy.defined() || ((copy.dtype() == DType::BF16 || copy.dtype() == DType::F32) &&
+                          copy.numel() == p.numel() && copy.is_contiguous() && copy.device() == p.device()),
+      "AdamW::set_copy: the copy of a parameter of shape ", shape_str(p.shape()), " on ", p.device(),
+      " must be ", p.numel(), " contiguous bf16 or f32 values on that device");
+  s.copy = copy;
 }
 
 AdamW::StepScalars AdamW::advance(double lr) {
@@ -57,6 +78,26 @@ void AdamW::apply(const Tensor& hyper, const Tensor& scale) {
                  t.device() == p.device(),
              "AdamW::apply: ", what, " must be ", n, " contiguous f32 value(s) on ", p.device());
   };
+  // One call of the kernels for each run of parameters on one device (Note
+  // [One AdamW launch] in kernels/cuda/adamw.cu); `grads` keeps the
+  // contiguous gradients alive until then.
+  std::vector<Tensor> grads;
+  std::vector<kernels::AdamWArgs> args;
+  std::vector<State*> updated;
+  auto flush = [&] {
+    if (args.empty()) return;
+    detail::on_device(
+        updated[0]->param.device(),
+        [&] {
+          for (const kernels::AdamWArgs& a : args) kernels::cpu::adamw(a);
+        },
+        BT_CUDA_LAMBDA(kernels::cuda::adamw_many(args, stream)));
+    for (State* s : updated) {
+      s->param.bump_version();
+      if (s->copy.defined()) s->copy.bump_version();
+    }
+    grads.clear(), args.clear(), updated.clear();
+  };
   for (State& s : state_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
@@ -65,6 +106,7 @@ void AdamW::apply(const Tensor& hyper, const Tensor& scale) {
     g = g.contiguous();
     BT_CHECK(g.shape() == s.param.shape(), "AdamW: gradient shape ", shape_str(g.shape()),
              " does not match parameter ", shape_str(s.param.shape()));
+    if (!updated.empty() && updated[0]->param.device() != s.param.device()) flush();
     kernels::AdamWArgs a;
     a.param = s.param.data<float>();
     a.grad = g.data_ptr();
@@ -78,10 +120,15 @@ void AdamW::apply(const Tensor& hyper, const Tensor& scale) {
     a.weight_decay = static_cast<float>(s.weight_decay);
     a.hyper = hyper.data<float>();
     a.scale = scale.data<float>();
-    detail::on_device(
-        s.param.device(), [&] { kernels::cpu::adamw(a); }, BT_CUDA_LAMBDA(kernels::cuda::adamw(a, stream)));
-    s.param.bump_version();
+    if (s.copy.defined()) {
+      a.param_copy = s.copy.data_ptr();
+      a.copy_dt = s.copy.dtype();
+    }
+    grads.push_back(std::move(g));
+    args.push_back(a);
+    updated.push_back(&s);
   }
+  flush();
 }
 
 void AdamW::step(double grad_scale) {

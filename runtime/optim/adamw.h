@@ -1,4 +1,4 @@
-// AdamW with fp32 moments, one fused kernel launch per parameter.
+// AdamW with fp32 moments: fused kernels, a few launches for all the parameters.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +70,11 @@ class AdamW {
   void set_lr(double lr) { opts_.lr = lr; }
   double lr() const { return opts_.lr; }
   int64_t steps() const { return steps_; }
+  /// Every update of `p` from now on also writes `copy` (BF16 or F32, of p's
+  /// numel, contiguous, on p's device): the values of p rounded to copy's
+  /// dtype, in the same pass (Note [Compute copies] in
+  /// runtime/dist/compute_copies.h). An undefined `copy` stops that.
+  void set_copy(const Tensor& p, const Tensor& copy);
   /// Continues the bias correction from `n` steps (a checkpoint's count).
   void set_steps(int64_t n) { steps_ = n; }
   /// The moments of parameter `p` (matched by identity: the same tensor
@@ -81,7 +86,10 @@ class AdamW {
   struct State {
     Tensor param, m, v;
     double weight_decay;
+    Tensor copy;  // set_copy()
   };
+  State& state_of(const Tensor& p, const char* what);
+  const State& state_of(const Tensor& p, const char* what) const;
   std::vector<State> state_;
   AdamWOptions opts_;
   int64_t steps_ = 0;
