@@ -7,8 +7,9 @@
 //     math on GPT-2 124M's MLP shapes (forward, input and weight gradients).
 //   Device-to-device copy (cudaMemcpyAsync) at 64 and 256 MiB: the bandwidth
 //     ceiling, counting bytes read + written.
-//   LayerNorm forward (f32, bf16) and AdamW (f32 grads) in GB/s, as a fraction
-//     of the copy bandwidth measured in the same run at the same size.
+//   LayerNorm forward (f32, bf16), a bias gradient's column sums (bf16 into
+//     f32) and AdamW (f32 grads) in GB/s, as a fraction of the copy bandwidth
+//     measured in the same run at the same size.
 //   With MLIR 19 (BT_MLIR), the compiler's generated kernels (Note [CUDA
 //     templates]) at the same sizes, from fusion groups written as the
 //     primitive-op model records them: bias + GELU (pointwise), LayerNorm
@@ -55,6 +56,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/random.h"
+#include "kernels/reduce.h"
 #ifdef BT_MLIR
 #include "compiler/mlir_backend.h"
 #include "runtime/core/stream.h"
@@ -343,6 +345,23 @@ double layernorm_backward_gbps(Timer& timer, cudaStream_t s, DType dt, size_t x_
   return bytes / (ms * 1e-3) / 1e9;
 }
 
+/// A bias gradient: the column sums of `bytes` of dt rows of `cols`, into f32
+/// (the split pass, as gemm's bias_grad_sum runs it); bytes read per second.
+double column_sums_gbps(Timer& timer, cudaStream_t s, DType dt, size_t bytes, int64_t cols) {
+  const int64_t rows = static_cast<int64_t>(bytes / bt::dtype_size(dt)) / cols;
+  Dev x(static_cast<size_t>(rows * cols) * bt::dtype_size(dt)), out(static_cast<size_t>(cols) * 4);
+  Dev scratch(
+      std::max<size_t>(cuda::reduce_dim_scratch_floats(bt::kernels::ReduceOp::Sum, 1, rows, cols), 1) * 4);
+  fill_random(dt, x.p, rows * cols, 17, -1.0f, 1.0f, s);
+  const double ms = timer.median_ms(
+      [&] {
+        cuda::reduce_dim(bt::kernels::ReduceOp::Sum, dt, DType::F32, x.p, out.p, 1, rows, cols,
+                         scratch.as<float>(), s);
+      },
+      s);
+  return static_cast<double>(rows * cols) * static_cast<double>(bt::dtype_size(dt)) / (ms * 1e-3) / 1e9;
+}
+
 double adamw_gbps(Timer& timer, cudaStream_t s, size_t param_bytes) {
   const int64_t n = static_cast<int64_t>(param_bytes / 4);
   Dev p(param_bytes), g(param_bytes), m(param_bytes), v(param_bytes);
@@ -541,6 +560,11 @@ int main(int argc, char** argv) {
         rows.push_back(
             {std::string("LayerNorm bwd + residual grad ") + std::string(bt::dtype_name(dt)) + ", cols 768",
              mib(bytes) + " x", "GB/s", lb, copy, "D2D copy"});
+      }
+      for (int64_t cols : {768, 3072}) {
+        const double cs = column_sums_gbps(timer, s, DType::BF16, bytes, cols);
+        rows.push_back({"bias grad (column sums) bf16 -> f32, cols " + std::to_string(cols),
+                        mib(bytes) + " x", "GB/s", cs, copy, "D2D copy"});
       }
       const double ad = adamw_gbps(timer, s, bytes);
       rows.push_back({"AdamW (f32 grads)", mib(bytes) + " params", "GB/s", ad, copy, "D2D copy"});

@@ -86,6 +86,42 @@ TEST(CudaReduce, SplitPassMatchesCpuAndRepeats) {
   EXPECT_EQ(cuda::reduce_dim_scratch_floats(ReduceOp::Max, 1, 1 << 24, 1), 0u);
 }
 
+// Note [Column sums 16 bytes a thread]: the same data, 16-byte aligned (the
+// vector kernel) and one element off (the scalar kernel), gives the same
+// bits, for f32 and for bf16 summed into f32: the chunks and each column's
+// order of addition do not depend on the kernel.
+TEST(CudaReduce, ColumnSumsGiveTheSameBitsAlignedOrNot) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const Shape shapes[] = {{1, 16384, 3072}, {3, 9000, 64}, {2, 5003, 24}, {1, 700, 256}};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(dt) << " [" << s.outer << ", " << s.dim << ", " << s.inner << "]");
+      const size_t nscratch = cuda::reduce_dim_scratch_floats(ReduceOp::Sum, s.outer, s.dim, s.inner);
+      ASSERT_GT(nscratch, 0u) << "this shape should take the split pass";
+      const int64_t n_in = s.outer * s.dim * s.inner, n_out = s.outer * s.inner;
+      const HostBuf in = random_buf(dt, n_in, gen, -1.0, 1.5);
+      HostBuf ref(DType::F32, n_out);
+      cpu::reduce_dim(ReduceOp::Sum, dt, DType::F32, in.data(), ref.data(), s.outer, s.dim, s.inner);
+      const size_t es = dtype_size(dt);
+      DevBuf din(in.size_bytes() + 16), dout(ref.size_bytes()), scratch(nscratch * sizeof(float));
+      std::vector<double> got[2];
+      for (int off : {0, 1}) {
+        unsigned char* p = din.as<unsigned char>() + off * es;
+        BT_CUDA_CHECK(cudaMemcpy(p, in.data(), in.size_bytes(), cudaMemcpyHostToDevice));
+        dout.poison();
+        cuda::reduce_dim(ReduceOp::Sum, dt, DType::F32, p, dout.get(), s.outer, s.dim, s.inner,
+                         scratch.as<float>(), nullptr);
+        got[off] = dout.to_host(DType::F32, n_out).vals();
+      }
+      BT_EXPECT_REL(got[0], ref.vals(), 1e-5, "aligned");
+      EXPECT_EQ(got[0], got[1]) << "aligned and unaligned inputs differ";
+    }
+  }
+}
+
 // A bf16 input summed into an f32 output (a bias gradient for an f32 master),
 // one pass and split, against the CPU's at f32's tolerance (an output rounded
 // to bf16 fails it), and the split bitwise repeatable.
