@@ -5,7 +5,9 @@
 // Format "blutrain-weights", version 1:
 //   - one float32 dataset per parameter in the root group, named exactly as the
 //     parameter ("h.0.attn.c_attn.weight": dots are part of the name, there are
-//     no subgroups), with exactly the parameter's shape (Linear weights [out, in]);
+//     no subgroups), with exactly the parameter's shape (Linear weights [out, in]),
+//     under that one name: no soft or hard links (Note [Each tensor under one
+//     name] in weights_read.cpp);
 //   - root attributes: string `format` = "blutrain-weights", int64 `version` = 1,
 //     and int64 scalars describing the model (n_layer, n_head, n_embd, seq_len,
 //     vocab_size, padded_vocab for GPT-2);

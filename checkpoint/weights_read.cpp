@@ -1,6 +1,7 @@
 #include "checkpoint/weights_read.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -171,10 +172,24 @@ void read_tensor(hid_t file, const std::string& name, const std::string& where,
   BT_H5_CHECK(H5Lget_info(file, name.c_str(), &link, H5P_DEFAULT));
   BT_CHECK(link.type != H5L_TYPE_EXTERNAL, where, ": root object '", name,
            "' is an external link to another file (weights files hold only their own datasets)");
+  // Note [Each tensor under one name]: a second name for a dataset -- a soft
+  // link, or a hard one -- would load one tensor's data into another
+  // parameter (an alias named like a real tensor) where the names decide.
+  if (link.type == H5L_TYPE_SOFT) {
+    std::string target(link.u.val_size, '\0');
+    BT_H5_CHECK(H5Lget_val(file, name.c_str(), target.data(), target.size(), H5P_DEFAULT));
+    target.resize(std::strlen(target.c_str()));
+    BT_FAIL(where, ": root object '", name, "' is a soft link to '", target,
+            "' (weights files hold each tensor once, as a dataset under its own name)");
+  }
   const h5::Id lapl = h5::local_access(H5P_LINK_ACCESS);
   h5::Id obj(BT_H5_CHECK(H5Oopen(file, name.c_str(), lapl)), H5Oclose);
   BT_CHECK(H5Iget_type(obj) == H5I_DATASET, where, ": root object '", name,
            "' is not a dataset (weights files hold only datasets in the root group)");
+  H5O_info_t info;
+  BT_H5_CHECK(H5Oget_info2(obj, &info, H5O_INFO_BASIC));
+  BT_CHECK(info.rc == 1, where, ": tensor '", name, "' is stored under ", info.rc,
+           " names (hard links; weights files hold each tensor once, under its own name)");
   h5::Id type(BT_H5_CHECK(H5Dget_type(obj)), H5Tclose);
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);

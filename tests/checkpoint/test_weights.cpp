@@ -405,6 +405,16 @@ TEST(Weights, HostileFilesAreRefusedBeforeAnyBufferIsMade) {
                 BT_H5_CHECK(H5Lcreate_soft("/a", r.id, "b", H5P_DEFAULT, H5P_DEFAULT));
               }),
       "external link");
+  // Note [Each tensor under one name]: another name for a dataset of the file.
+  auto aliased = [](bool soft) {
+    return [soft](RawFile& r) {
+      r.dataset<float>("h.1.x", {2}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {1.0f, 2.0f});
+      BT_H5_CHECK(soft ? H5Lcreate_soft("/h.1.x", r.id, "h.0.x", H5P_DEFAULT, H5P_DEFAULT)
+                       : H5Lcreate_hard(r.id, "h.1.x", r.id, "h.0.x", H5P_DEFAULT, H5P_DEFAULT));
+    };
+  };
+  EXPECT_HAS(refused("soft_alias.h5", aliased(true)), "root object 'h.0.x' is a soft link to '/h.1.x'");
+  EXPECT_HAS(refused("hard_alias.h5", aliased(false)), "is stored under 2 names (hard links");
   const std::string raw = dir.file("raw.bin");
   std::ofstream(raw, std::ios::binary).write("\0\0\x80\x3f\0\0\0\x40", 8);
   EXPECT_HAS(refused("external.h5",

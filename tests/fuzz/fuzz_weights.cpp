@@ -4,7 +4,8 @@
 // root attributes of many types and shapes, float32 datasets of any rank and
 // shape (huge ones included) in every layout, with or without their data,
 // datasets of other types, groups, named types, hard, soft and dangling
-// links, and datasets whose data lies in another file. The target writes it
+// links (a second name for anything makes the file one to refuse), and
+// datasets whose data lies in another file. The target writes it
 // with the HDF5 C API and reads it back. The reader must accept the file or
 // throw bt::Error -- never crash, hang, leak, nor ask for a buffer for data
 // the file does not hold. A file it accepts obeys the format (weights.h):
@@ -52,7 +53,7 @@ struct Attr {
 
 /// What a root link leads to.
 struct Obj {
-  enum Kind { F32, Unstored, OtherType, NotDataset, Dangling, Outside } kind = NotDataset;
+  enum Kind { F32, Unstored, OtherType, NotDataset, Dangling, Outside, Alias } kind = NotDataset;
   Shape shape;
   std::vector<float> data;
 };
@@ -302,7 +303,10 @@ void add_link(hid_t file, hid_t lcpl, Bytes& in, Expected& e) {
     const std::string path = "/" + to;
     made = (kind == 2 ? H5Lcreate_hard(file, path.c_str(), file, name->c_str(), lcpl, H5P_DEFAULT)
                       : H5Lcreate_soft(path.c_str(), file, name->c_str(), lcpl, H5P_DEFAULT)) >= 0;
-    o = obj;  // its Dangling kind too: a link to a dangling link dangles
+    // Note [Each tensor under one name]: a file with a second name for an
+    // object is refused, whatever the object.
+    o = obj;
+    o.kind = Obj::Alias;
   } else if (kind == 4) {
     made = H5Lcreate_soft("/nowhere", file, name->c_str(), lcpl, H5P_DEFAULT) >= 0;
     o.kind = Obj::Dangling;
