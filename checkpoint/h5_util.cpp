@@ -48,7 +48,10 @@ std::string read_string_attr(hid_t attr, hid_t file_type) {
   std::string buf(n + 1, '\0');
   BT_H5_CHECK(H5Aread(attr, mem, buf.data()));
   buf.resize(std::strlen(buf.c_str()));
-  while (!buf.empty() && buf.back() == ' ') buf.pop_back();  // H5T_STR_SPACEPAD
+  // Trailing spaces are padding only in a space-padded string; in a null-padded
+  // or null-terminated one they are part of the value.
+  if (H5Tget_strpad(file_type) == H5T_STR_SPACEPAD)
+    while (!buf.empty() && buf.back() == ' ') buf.pop_back();
   return buf;
 }
 

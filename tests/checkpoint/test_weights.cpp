@@ -104,10 +104,10 @@ struct RawFile {
   }
   ~RawFile() { H5Fclose(id); }
   /// A fixed-length (not variable-length) string attribute.
-  void string_attr(const std::string& name, const std::string& value) {
+  void string_attr(const std::string& name, const std::string& value, H5T_str_t pad = H5T_STR_NULLPAD) {
     hid_t type = BT_H5_CHECK(H5Tcopy(H5T_C_S1));
     BT_H5_CHECK(H5Tset_size(type, value.size()));
-    BT_H5_CHECK(H5Tset_strpad(type, H5T_STR_NULLPAD));
+    BT_H5_CHECK(H5Tset_strpad(type, pad));
     hid_t space = BT_H5_CHECK(H5Screate(H5S_SCALAR));
     hid_t a = BT_H5_CHECK(H5Acreate2(id, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT));
     BT_H5_CHECK(H5Awrite(a, type, value.data()));
@@ -135,6 +135,23 @@ struct RawFile {
   }
   hid_t id;
 };
+
+// A fixed-length string attribute reads back as written: trailing spaces are
+// dropped only where the type says they pad (H5T_STR_SPACEPAD).
+TEST(Weights, FixedStringAttributesKeepTheirTrailingSpacesUnlessSpacePadded) {
+  test::TempDir dir("bt_weights");
+  const std::string path = dir.file("strings.h5");
+  {
+    RawFile r(path);
+    r.header();
+    r.string_attr("nullpad", "two  ", H5T_STR_NULLPAD);
+    r.string_attr("spacepad", "padded   ", H5T_STR_SPACEPAD);
+    r.dataset<float>("x", {1}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {1.0f});
+  }
+  const WeightFile f = load_weights(path);
+  EXPECT_EQ(f.text_attrs.at("nullpad"), "two  ");
+  EXPECT_EQ(f.text_attrs.at("spacepad"), "padded");
+}
 
 TEST(Weights, RoundTripIsBitwiseWithAttrsAndOrder) {
   test::TempDir dir("bt_weights");

@@ -129,11 +129,12 @@ void add_attr(hid_t file, Bytes& in, Expected& e) {
     rc = 0;
     a = {Attr::Text, 0, text};
   } else if (kind == 7) {  // a fixed-length string, padded three ways
-    std::string stored = text;
-    while (!stored.empty() && stored.back() == ' ') stored.pop_back();
     const H5T_str_t pads[] = {H5T_STR_NULLTERM, H5T_STR_NULLPAD, H5T_STR_SPACEPAD};
     const uint64_t u = static_cast<uint64_t>(v);
     const H5T_str_t pad = pads[u % 3];
+    std::string stored = text;  // trailing spaces are padding only when spaces pad
+    if (pad == H5T_STR_SPACEPAD)
+      while (!stored.empty() && stored.back() == ' ') stored.pop_back();
     h5::Id type(BT_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
     const size_t size = stored.size() + (pad == H5T_STR_NULLTERM ? 1 : 0) + static_cast<size_t>(u % 4);
     if (size == 0) return;  // HDF5 has no strings of size 0
