@@ -186,8 +186,13 @@ void read_tensor(hid_t file, const std::string& name, const std::string& where,
   h5::Id obj(BT_H5_CHECK(H5Oopen(file, name.c_str(), lapl)), H5Oclose);
   BT_CHECK(H5Iget_type(obj) == H5I_DATASET, where, ": root object '", name,
            "' is not a dataset (weights files hold only datasets in the root group)");
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info;
+  BT_H5_CHECK(H5Oget_info3(obj, &info, H5O_INFO_BASIC));
+#else
   H5O_info_t info;
   BT_H5_CHECK(H5Oget_info2(obj, &info, H5O_INFO_BASIC));
+#endif
   BT_CHECK(info.rc == 1, where, ": tensor '", name, "' is stored under ", info.rc,
            " names (hard links; weights files hold each tensor once, under its own name)");
   h5::Id type(BT_H5_CHECK(H5Dget_type(obj)), H5Tclose);
