@@ -211,7 +211,7 @@ __global__ void reduce_split_kernel(const T* __restrict__ in, float* __restrict_
 // Note [Column sums 16 bytes a thread]
 // A bias gradient sums 16384 rows of up to 3072 columns. Split pass 1 with a
 // thread per column reads 64 bytes of a bf16 row per warp, 2 bytes a load:
-// 47 us for the 100 MB of GPT-2's fc bias gradient on an H200 (2.1 TB/s).
+// 47 us for the 100 MB of GPT-2's fc bias gradient on an H100 (2.1 TB/s).
 // reduce_split_vec_kernel gives each thread V = 16 / sizeof(T) adjacent
 // columns, read as one 16-byte load per row (a warp reads 512 contiguous
 // bytes of a bf16 row), 4 rows in flight. Each column's sum keeps the
