@@ -1,6 +1,5 @@
 #include "runtime/dist/compute_copies.h"
 
-#include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/tensor/factory.h"
 
@@ -34,10 +33,7 @@ Tensor ComputeCopies::weight(const Tensor& param) {
     }
     w = c.copy.view(param.shape());  // a handle of its own for this use's autograd link
   }
-  if (GradMode::enabled() && param.requires_grad())
-    autograd::record("ToDTypeBackward", {&param}, w, [](autograd::Grads& g) -> autograd::Grads {
-      return {g[0].to(DType::F32)};
-    }).any_grad_dtype = true;
+  record_cast_to_master("ToDTypeBackward", param, w);
   return w;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/common/env.h"
+#include "runtime/autograd/function.h"
 #include "runtime/autograd/grad_mode.h"
 #include "runtime/core/precision.h"
 #include "runtime/dist/compute_copies.h"
@@ -158,6 +159,13 @@ std::vector<std::pair<size_t, Tensor>> piece_gradients(const std::vector<Tensor>
   for (size_t k = 0; k < pieces.size(); ++k)
     if (Tensor g = pieces[k].grad(); g.defined()) out.emplace_back(at[k].first, std::move(g));
   return out;
+}
+
+void record_cast_to_master(const char* name, const Tensor& param, const Tensor& w) {
+  if (!GradMode::enabled() || !param.requires_grad()) return;
+  autograd::record(name, {&param}, w, [](autograd::Grads& g) -> autograd::Grads {
+    return {g[0].to(DType::F32)};
+  }).any_grad_dtype = true;
 }
 
 StatePiece state_piece(const char* kind, const ParamSpec& p, int64_t begin, const Tensor& data) {

@@ -58,6 +58,11 @@ struct StatePiece {
   Tensor data;                 // 1-D contiguous f32, end - begin elements, on this rank's device
 };
 
+/// Links `w`, the compute-dtype tensor a weight source hands out for master
+/// `param`, to it in autograd (when grad mode is on and `param` needs one): a
+/// recorded cast named `name` whose backward returns the gradient in f32,
+/// uncopied when it already is (Note [Gradients in a wider dtype]).
+void record_cast_to_master(const char* name, const Tensor& param, const Tensor& w);
 /// The piece "KIND/p.name" of elements [begin, begin + data.numel()).
 StatePiece state_piece(const char* kind, const ParamSpec& p, int64_t begin, const Tensor& data);
 /// [max(lo, off), min(hi, off + n)): where a range meets a parameter's span.

@@ -177,13 +177,8 @@ Tensor Zero3Strategy::weight(const Tensor& param) {
     NoGradGuard ng;
     w = u.compute.narrow(0, m.offset, param.numel()).view(param.shape());
   }
-  if (GradMode::enabled()) {
-    // The recorded cast of Note [ZeRO-3 units]: the gradient goes to the f32
-    // leaf, uncopied when it comes in f32 (Note [Gradients in a wider dtype]).
-    autograd::record("Zero3WeightBackward", {&param}, w, [](autograd::Grads& g) -> autograd::Grads {
-      return {g[0].to(DType::F32)};
-    }).any_grad_dtype = true;
-  }
+  // The recorded cast of Note [ZeRO-3 units]: the gradient goes to the f32 leaf.
+  record_cast_to_master("Zero3WeightBackward", param, w);
   return w;
 }
 
