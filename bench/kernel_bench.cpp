@@ -541,6 +541,15 @@ int main(int argc, char** argv) {
     }
     if (want("attention")) bench_attention(opt, timer, s, rows);
 
+    if (want("memory")) {
+      // GPT-2 124M's LayerNorm backward as a step runs it: 16384 x 768 bf16
+      // (24 MiB), against a copy of the same size.
+      const size_t bytes = size_t{16384} * 768 * 2;
+      const double copy = copy_gbps(timer, s, bytes);
+      const double lb = layernorm_backward_gbps(timer, s, DType::BF16, bytes, 768);
+      rows.push_back({"LayerNorm bwd + residual grad bf16, 16384 x 768 (GPT-2 124M)", mib(bytes) + " x",
+                      "GB/s", lb, copy, "D2D copy"});
+    }
     std::vector<size_t> sizes;
     if (want("memory")) sizes.push_back(size_t{64} << 20);
     if (want("memory") && !opt.quick) sizes.push_back(size_t{256} << 20);
