@@ -40,7 +40,8 @@ struct AttnBwdParams {
   const E* o;
   const E* dout;
   const float* lse;
-  float* di;  // written by the dQ pass, read by the dK/dV pass
+  float* di;  // written by the dQ pass (the wgmma backward: its own pass), read by the dK/dV pass
+  uint4* ds;  // the wgmma backward's dS tiles (Note [dS through memory]); null elsewhere
   E* dq;
   E* dk;
   E* dv;
