@@ -116,16 +116,25 @@ void ShardReader::read(const std::vector<Range>& ranges) {
 }
 
 void ShardReader::queue(const std::vector<Range>& ranges) {
+  // Each piece is located once, and each format-1 piece read once, however
+  // many of the call's ranges fall in it (Note [Partial reads of format 1]).
+  std::map<const SavedPiece*, haddr_t> located;
+  std::map<const SavedPiece*, std::vector<Range>> legacy;
   for (const Range& r : ranges) {
     const SavedPiece& p = *r.piece;
     BT_ASSERT(p.begin <= r.lo && r.lo < r.hi && r.hi <= p.end);
     const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
     File& f = file(p.file);
-    const haddr_t at = h5::with_context(cat("cannot read ", where, " (the file is damaged)"),
-                                        [&] { return locate(f.h5, p, where); });
+    auto loc = located.find(&p);
+    if (loc == located.end()) {
+      const haddr_t at = h5::with_context(cat("cannot read ", where, " (the file is damaged)"),
+                                          [&] { return locate(f.h5, p, where); });
+      loc = located.emplace(&p, at).first;
+    }
+    const haddr_t at = loc->second;
     if (p.block == 0 || at == HADDR_UNDEF) {
       BT_CHECK(p.block == 0, where, " is not a contiguous dataset; the checkpoint is corrupt");
-      read_legacy(r, where);
+      legacy[&p].push_back(r);
       continue;
     }
     // Whole blocks, each checked before use: straight into `out` when the
@@ -147,6 +156,7 @@ void ShardReader::queue(const std::vector<Range>& ranges) {
       });
     }
   }
+  for (const auto& [piece, piece_ranges] : legacy) read_legacy(*piece, piece_ranges);
 }
 
 // Note [Partial reads of format 1]: a format-1 piece has one crc32, of the
@@ -156,20 +166,24 @@ void ShardReader::queue(const std::vector<Range>& ranges) {
 // a contiguous one, proves nothing. So a partial read of a format-1 piece
 // reads the whole piece, checks its crc32 and then copies the range: as safe
 // as a whole read, at the cost of reading more (format 2's blocks exist for
-// this).
-void ShardReader::read_legacy(const Range& r, const std::string& where) {
-  const SavedPiece& p = *r.piece;
-  const bool whole = r.lo == p.begin && r.hi == p.end;
+// this). The ranges of one read() that fall in the same piece share one read
+// of it (a resharded load asks for several).
+void ShardReader::read_legacy(const SavedPiece& p, const std::vector<Range>& ranges) {
+  const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
+  const bool whole = ranges.size() == 1 && ranges[0].lo == p.begin && ranges[0].hi == p.end;
   std::vector<float> buf(whole ? 0 : static_cast<size_t>(p.end - p.begin));
-  float* dst = whole ? r.out : buf.data();
+  float* dst = whole ? ranges[0].out : buf.data();
   h5::with_context(
       cat("cannot read ", where, " (corrupt: a checksum does not match, or the file is damaged)"), [&] {
         h5::Id dset = open_piece(file(p.file).h5, p);
         BT_H5_CHECK(H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst));
       });
+  ++legacy_piece_reads_;
   BT_CHECK(crc32_of(dst, p.end - p.begin) == p.crc32, where,
            " does not match its crc32 in the index: the checkpoint is corrupt");
-  if (!whole) std::memcpy(r.out, dst + (r.lo - p.begin), static_cast<size_t>(r.hi - r.lo) * sizeof(float));
+  if (!whole)
+    for (const Range& r : ranges)
+      std::memcpy(r.out, dst + (r.lo - p.begin), static_cast<size_t>(r.hi - r.lo) * sizeof(float));
 }
 
 }  // namespace bt::ckpt

@@ -45,13 +45,18 @@ class ShardReader {
   /// given] in h5_util.h). Every element is checked against a crc32 of the
   /// index before it is used (format 1: Note [Partial reads of format 1]).
   void read(const std::vector<Range>& ranges);
+  /// How many format-1 pieces were read (each whole) so far: the tests'
+  /// window on Note [Partial reads of format 1].
+  int64_t legacy_piece_reads() const { return legacy_piece_reads_; }
 
  private:
   struct File;
   File& file(const std::string& name);
   void queue(const std::vector<Range>& ranges);
-  void read_legacy(const Range& r, const std::string& where);  // format version 1: chunked, via HDF5
+  /// Format version 1 (chunked, via HDF5): the whole piece, then each range.
+  void read_legacy(const SavedPiece& p, const std::vector<Range>& ranges);
   std::string dir_;
+  int64_t legacy_piece_reads_ = 0;
   std::map<std::string, std::unique_ptr<File>> files_;
   IoPool pool_;
 };

@@ -458,6 +458,34 @@ TEST(Checkpoint, ReadsFormatVersion1) {
   EXPECT_FALSE(verify(d).empty()) << "Fletcher-32 or the crc32 must notice the flipped byte";
 }
 
+// Note [Partial reads of format 1]: the ranges of one read that fall in the
+// same format-1 piece share one read of it, each range still getting its
+// own elements; a later read reads the piece again.
+TEST(Checkpoint, RangesOfOneFormat1PieceShareOneRead) {
+  test::TempDir dir("bt_ckpt");
+  const Globals saved(1);
+  const std::string d = save(request(dir.file("ck"), 5, saved), nullptr);
+  rewrite_as_version_1(d);
+  const Index idx = read_index(d);
+  const std::vector<SavedPiece>& pieces = idx.tensors.at("param/a").pieces;
+  ASSERT_EQ(pieces.size(), 3u);
+  const SavedPiece& mid = pieces[1];  // elements [4, 11)
+  ASSERT_EQ(mid.begin, 4);
+  ASSERT_EQ(mid.end, 11);
+  ShardReader reader(d);
+  std::vector<float> got(15, -1.0f);
+  reader.read({{&mid, 4, 6, got.data() + 4},
+               {&pieces[0], 1, 4, got.data() + 1},
+               {&mid, 9, 11, got.data() + 9},
+               {&mid, 6, 9, got.data() + 6}});
+  EXPECT_EQ(reader.legacy_piece_reads(), 2) << "one read of each of the two pieces";
+  const std::vector<float> want = values(saved.a);
+  for (int64_t i = 1; i < 11; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << i;
+  EXPECT_EQ(got[0], -1.0f) << "element 0 was not asked for";
+  reader.read({{&mid, 4, 11, got.data() + 4}});
+  EXPECT_EQ(reader.legacy_piece_reads(), 3);
+}
+
 // Note [Partial reads of format 1]: a format-1 dataset holding other data
 // than its piece (sound Fletcher-32 chunks, the wrong floats) is caught by a
 // partial read as by a whole one; found by tests/fuzz/fuzz_ckpt_shard.cpp.
