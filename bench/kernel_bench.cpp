@@ -446,7 +446,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
     const size_t es = bt::dtype_size(dt);
     // Contiguous o, dout and grads (as the runtime allocates them); lse and Di scratch.
     Dev o(n * es), dout(n * es), dq(n * es), dk(n * es), dv(n * es), lse(B * H * T * 4),
-        scratch(k::cuda::attention_backward_scratch_floats(shape, dt) * 4);
+        scratch(k::cuda::attention_backward_scratch_floats(shape) * 4);
     fill_random(dt, dout.p, n, 12, -1.0f, 1.0f, s);
     const k::AttnStrides so = k::contiguous_bhtd(shape);
     // t-stride of the fused qkv buffer: aligned rows (fast path), then unaligned (SIMT).

@@ -142,11 +142,8 @@ void attention_backward(const AttnBackward& a);
 #ifdef BT_CUDA
 namespace cuda {
 void attention_forward(const AttnForward& a, cudaStream_t stream);
-/// Floats of scratch that attention_backward needs for a call of this shape
-/// and dtype: Di ([B, H, T]), and for BF16 at D = 64 the Hopper backward's dS
-/// tiles (about B H T^2 bytes; Note [dS through memory] in
-/// kernels/cuda/sm90a/attention_wgmma_bwd.cu).
-size_t attention_backward_scratch_floats(const AttnShape& s, DType dt);
+/// Floats of scratch that attention_backward needs.
+size_t attention_backward_scratch_floats(const AttnShape& s);
 void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream);
 
 /// The Hopper kernels (kernels/cuda/sm90a/attention_wgmma*.cu, wgmma): a BF16

@@ -361,13 +361,8 @@ void attention_forward(const AttnForward& a, cudaStream_t stream) {
   });
 }
 
-size_t attention_backward_scratch_floats(const AttnShape& s, DType dt) {
+size_t attention_backward_scratch_floats(const AttnShape& s) {
   if (s.B <= 0 || s.H <= 0 || s.T <= 0) return 0;
-  // BF16 at D = 64 may take the wgmma backward, whose dS tiles follow Di
-  // (sized on the call's shape and dtype alone, so that no switch or device
-  // between the sizing and the call can make it too small).
-  if (dt == DType::BF16 && s.D == 64)
-    return static_cast<size_t>(detail::wgmma_ds_offset_floats(s) + detail::wgmma_ds_floats(s));
   return static_cast<size_t>(s.B * s.H * s.T);
 }
 

@@ -15,27 +15,15 @@ namespace bt::kernels::cuda::detail {
 /// every row of every view on a 16-byte boundary.
 void attention_forward_mma(const AttnForward& a, cudaStream_t stream);
 /// The dQ pass (which also writes Di = rowsum(dO * O) into `di`, [B, H, T]
-/// floats: the start of the backward's scratch), then the dK/dV pass; or the
-/// wgmma backward, which takes the whole scratch.
+/// floats: the backward's scratch), then the dK/dV pass.
 void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t stream);
 /// The Hopper wgmma forward (kernels/cuda/sm90a/attention_wgmma.cu, built when
 /// BT_SM90A): BF16, D = 64; attention_forward_mma calls it when
 /// attention_forward_uses_wgmma (kernels/attention.h).
 void attention_forward_wgmma(const AttnForward& a, cudaStream_t stream);
 /// The Hopper wgmma backward (kernels/cuda/sm90a/attention_wgmma_bwd.cu):
-/// BF16, D = 64; attention_backward_mma calls it when
-/// attention_backward_uses_wgmma. `scratch` holds Di ([B, H, T] floats), then
-/// from wgmma_ds_offset_floats the dS tiles (Note [dS through memory]).
-void attention_backward_wgmma(const AttnBackward& a, float* scratch, cudaStream_t stream);
-
-/// Where the wgmma backward's dS tiles start in its scratch (floats: after
-/// Di, on a 256-byte boundary), and how many floats they take: a 64 x 64
-/// bf16 tile for each query tile and key tile at or before it, of each
-/// (batch item, query head).
-inline int64_t wgmma_ds_offset_floats(const AttnShape& s) { return (s.B * s.H * s.T + 63) / 64 * 64; }
-inline int64_t wgmma_ds_floats(const AttnShape& s) {
-  const int64_t nt = (s.T + 63) / 64;
-  return s.B * s.H * (nt * (nt + 1) / 2) * (64 * 64 / 2);
-}
+/// BF16, D = 64, both passes; attention_backward_mma calls it when
+/// attention_backward_uses_wgmma.
+void attention_backward_wgmma(const AttnBackward& a, float* di, cudaStream_t stream);
 
 }  // namespace bt::kernels::cuda::detail

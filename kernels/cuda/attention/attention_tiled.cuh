@@ -40,8 +40,7 @@ struct AttnBwdParams {
   const E* o;
   const E* dout;
   const float* lse;
-  float* di;  // written by the dQ pass (the wgmma backward: its own pass), read by the dK/dV pass
-  uint4* ds;  // the wgmma backward's dS tiles (Note [dS through memory]); null elsewhere
+  float* di;  // written by the dQ pass, read by the dK/dV pass
   E* dq;
   E* dk;
   E* dv;

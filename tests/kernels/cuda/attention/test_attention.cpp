@@ -135,7 +135,7 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
 
   DevBuf d_o_ref(o_ref), d_dout(dout), d_lse_ref(upload_vector(lse_ref)),
       d_grads(static_cast<size_t>(3 * n) * es);
-  DevBuf scratch(cuda::attention_backward_scratch_floats(s, dt) * sizeof(float));
+  DevBuf scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
   d_grads.poison();
   scratch.poison();
   AttnBackward bg = bw;
@@ -284,7 +284,7 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
   // ---- GPU, dt
   DevBuf d_qkv(qkv), d_o(static_cast<size_t>(n) * es), d_lse(lse64.size() * sizeof(float)), d_dout(dout),
       d_grads(static_cast<size_t>(total) * es),
-      scratch(cuda::attention_backward_scratch_floats(s, dt) * sizeof(float));
+      scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
   d_o.poison();
   d_lse.poison();
   d_grads.poison();
@@ -420,7 +420,7 @@ void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0,
   for (int run = 0; run < 2; ++run) {
     DevBuf d_o(static_cast<size_t>(n) * es), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
         d_grads(static_cast<size_t>(B * T * row) * es),
-        scratch(cuda::attention_backward_scratch_floats(s, dt) * sizeof(float));
+        scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
     d_o.poison();
     d_lse.poison();
     d_grads.poison();
