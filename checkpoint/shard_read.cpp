@@ -47,6 +47,10 @@ ShardReader::ShardReader(std::string dir) : dir_(std::move(dir)), pool_(IoPool::
 
 ShardReader::~ShardReader() = default;
 
+std::string ShardReader::where_of(const SavedPiece& p) const {
+  return cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
+}
+
 ShardReader::File& ShardReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return *it->second;
@@ -123,7 +127,7 @@ void ShardReader::queue(const std::vector<Range>& ranges) {
   for (const Range& r : ranges) {
     const SavedPiece& p = *r.piece;
     BT_ASSERT(p.begin <= r.lo && r.lo < r.hi && r.hi <= p.end);
-    const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
+    const std::string where = where_of(p);
     File& f = file(p.file);
     auto loc = located.find(&p);
     if (loc == located.end()) {
@@ -169,7 +173,7 @@ void ShardReader::queue(const std::vector<Range>& ranges) {
 // this). The ranges of one read() that fall in the same piece share one read
 // of it (a resharded load asks for several).
 void ShardReader::read_legacy(const SavedPiece& p, const std::vector<Range>& ranges) {
-  const std::string where = cat("checkpoint file '", dir_, "/", p.file, "', dataset '", p.dataset, "'");
+  const std::string where = where_of(p);
   const bool whole = ranges.size() == 1 && ranges[0].lo == p.begin && ranges[0].hi == p.end;
   std::vector<float> buf(whole ? 0 : static_cast<size_t>(p.end - p.begin));
   float* dst = whole ? ranges[0].out : buf.data();

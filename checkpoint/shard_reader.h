@@ -52,6 +52,8 @@ class ShardReader {
  private:
   struct File;
   File& file(const std::string& name);
+  /// "checkpoint file 'DIR/FILE', dataset 'D'": how errors name a piece.
+  std::string where_of(const SavedPiece& p) const;
   void queue(const std::vector<Range>& ranges);
   /// Format version 1 (chunked, via HDF5): the whole piece, then each range.
   void read_legacy(const SavedPiece& p, const std::vector<Range>& ranges);
