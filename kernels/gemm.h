@@ -195,7 +195,7 @@ namespace cuda {
 /// more would be needed).
 size_t gemm_scratch_floats(const GemmArgs& args);
 /// The size of each piece a Tf32x3 GEMM runs in, in batch items, rows and
-/// columns of C, and K (Note [One GEMM over 3K] in kernels/cuda/gemm/gemm_x3.cu), with
+/// columns of C, and K (Note [Two copies or three] in kernels/cuda/gemm/gemm_x3.cu), with
 /// `scratch_floats` of scratch when that is less than gemm_scratch_floats(args)
 /// (else with what it asks for). Host code: no GPU needed.
 struct GemmPieces {

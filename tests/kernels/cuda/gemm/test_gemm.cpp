@@ -8,10 +8,12 @@
 // GEMM on bf16-rounded inputs. 3xTF32 (Note [3xTF32] in kernels/gemm.h) also
 // runs in pieces that a smaller scratch forces (their choice is checked on the
 // host), is checked against float64, and rounds as the CPU does.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -381,10 +383,12 @@ TEST(CudaGemm, DGeluMatchesCpu) {
     int64_t m, n, k, ldp;
     bool ta, tb;
   };
-  const Shape shapes[] = {{512, 3072, 768, 3072, false, false},
-                          {33, 17, 129, 21, true, true},  // ld_gelu_in % 8 != 0: no cuBLASLt aux
-                          {64, 128, 64, 136, false, true},
-                          {5, 8, 0, 8, false, false}};
+  const Shape shapes[] = {
+      {512, 3072, 768, 3072, false, false},
+      {33, 17, 129, 21, true, true},  // ld_gelu_in % 8 != 0: no cuBLASLt aux
+      {64, 128, 64, 136, false, true},
+      {64, 64, 256, 64, false, false},  // fp32x3: two copies, the epilogue on a beta = 1 product
+      {5, 8, 0, 8, false, false}};
   for (const Precision& pr : kPrecisions)
     for (bool bgrad : {true, false})
       for (const Shape& sh : shapes) {
@@ -628,7 +632,8 @@ std::string str(const cuda::GemmPieces& p) {
   return bt::cat("{batch ", p.batch, ", m ", p.m, ", n ", p.n, ", k ", p.k, "}");
 }
 
-/// A case that a scratch of `floats` cuts as `pieces` (Note [One GEMM over 3K]).
+/// A case that a scratch of `floats` cuts as `pieces` (Note [One GEMM over 3K]
+/// and Note [Two copies or three] in kernels/cuda/gemm/gemm_x3.cu).
 struct Cut {
   Case c;
   size_t floats;
@@ -640,23 +645,37 @@ const std::vector<Cut>& cuts() {
     std::vector<Cut> cs;
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
-        // 4 items of 3 x 8 x (16 + 24) floats: two at a time.
+        // Three copies (K (m + n) = 8 x 40 a item, 2 m n = 768): 4 items of
+        // 3 x 8 x (16 + 24) floats, two at a time.
         cs.push_back({{16, 24, 8, ta, tb, 4, 1.0f, 0.5f, Epilogue::Gelu, 1}, 2000, {2, 16, 24, 8}});
-        // B whole (3 x 32 x 16) and half of A's rows: 1536 floats more read than
-        // one piece, against 2048 more for halving K (2 m n).
+        // Three copies (640 against 2048): B whole (3 x 8 x 16) and half of A's
+        // rows, 384 floats more read than one piece (3 k n), against 1536 for
+        // halving the columns (3 k m) and 2048 for halving K (2 m n).
+        cs.push_back(
+            {{64, 16, 8, ta, tb, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 0, false, true}, 1264, {1, 32, 16, 8}});
+        // Three copies (1408 against 3840), K in three pieces (6, 6, 4): no
+        // piece of rows or columns fits; beta on the first, the epilogue on the last.
+        cs.push_back(
+            {{48, 40, 16, ta, tb, 1, 1.0f, 0.5f, Epilogue::BiasGelu, 2, false, true}, 1964, {1, 48, 40, 6}});
+        // Two copies (K (m + n) = 2560 > 2 m n = 2048): B whole (2 x 32 x 16)
+        // and half of A's rows, 1024 floats more read than one piece (2 k n),
+        // against 4096 for halving K (4 m n: both products of a piece read and
+        // write C).
         cs.push_back(
             {{64, 16, 32, ta, tb, 1, 1.0f, 0.0f, Epilogue::BiasGelu, 0, false, true}, 4672, {1, 32, 16, 32}});
         // The mirror: half of B's columns.
         cs.push_back({{16, 64, 32, ta, tb, 1, 0.5f, 0.0f, Epilogue::Bias, 2}, 4672, {1, 16, 32, 32}});
-        // K in three pieces (22, 22, 20): beta on the first, the epilogue on the last.
+        // Two copies (5632 against 3840), K in three pieces (22, 22, 20): beta on
+        // the first, the epilogue on the last product of the last.
         cs.push_back({{48, 40, 64, ta, tb, 1, 1.0f, 0.75f, Epilogue::BiasGelu, 3, false, true},
-                      5872,
+                      3936,
                       {1, 48, 40, 22}});
-        // K in two pieces under a bias: beta = 1 on the second, the bias once.
-        cs.push_back({{48, 40, 64, ta, tb, 1, 1.0f, 0.0f, Epilogue::Bias}, 8512, {1, 48, 40, 32}});
+        // K in two pieces under a bias (7680 more floats against 56320 for 12
+        // pieces of 4 rows): beta = 1 on the second, the bias once.
+        cs.push_back({{48, 40, 64, ta, tb, 1, 1.0f, 0.0f, Epilogue::Bias}, 5696, {1, 48, 40, 32}});
         // Two items that do not fit one at a time: each cut along K; one B for both.
         cs.push_back(
-            {{48, 40, 64, ta, tb, 2, -1.0f, 0.0f, Epilogue::Gelu, 0, true, true}, 5872, {1, 48, 40, 22}});
+            {{48, 40, 64, ta, tb, 2, -1.0f, 0.0f, Epilogue::Gelu, 0, true, true}, 3936, {1, 48, 40, 22}});
       }
     return cs;
   }();
@@ -665,7 +684,8 @@ const std::vector<Cut>& cuts() {
 
 // Needs no GPU: the cut is host code. Each case above is cut as its comment
 // says, and the GPT-2 124M GEMMs (16384 tokens) fit the default scratch, cut
-// where Note [One GEMM over 3K] says they are.
+// where Note [One GEMM over 3K] says they are (the LM head's backward with
+// two copies, Note [Two copies or three]).
 TEST(CudaGemm, Tf32x3PiecesFitTheScratchAlongTheCheapestDimension) {
   for (const Cut& c : cuts()) {
     SCOPED_TRACE(describe(kX3, c.c) + " floats=" + std::to_string(c.floats));
@@ -685,8 +705,12 @@ TEST(CudaGemm, Tf32x3PiecesFitTheScratchAlongTheCheapestDimension) {
   const int64_t M = 16384, V = 50304, E = 768;
   EXPECT_EQ(gpt2(M, 3 * E, E, false, true), str({1, M, 3 * E, E})) << "QKV forward: whole";
   EXPECT_EQ(gpt2(M, V, E, false, true), str({1, M, V / 2, E})) << "LM head forward: halves of the vocabulary";
-  EXPECT_EQ(gpt2(M, E, V, false, false), str({1, M, E, 2516})) << "LM head input gradient: 20 pieces of K";
-  EXPECT_EQ(gpt2(V, E, M, true, false), str({1, 1935, E, M})) << "LM head weight gradient: 26 row pieces";
+  // Two copies of 16384 x 50304 and 768 x 50304: 13 pieces of K (12 x 4 m n
+  // more floats, against 28 x 2 k n for 29 row pieces).
+  EXPECT_EQ(gpt2(M, E, V, false, false), str({1, M, E, 3870})) << "LM head input gradient: 13 pieces of K";
+  // Two copies of 50304 x 16384 and 768 x 16384: 16 row pieces (15 x 2 k n
+  // more floats, against 12 x 4 m n for 13 pieces of K).
+  EXPECT_EQ(gpt2(V, E, M, true, false), str({1, 3144, E, M})) << "LM head weight gradient: 16 row pieces";
   g.dtype = DType::BF16;
   EXPECT_EQ(cuda::gemm_scratch_floats(g), 0u) << "bf16 needs no scratch";
   g.dtype = DType::F32;
@@ -781,38 +805,93 @@ TEST(CudaGemm, Tf32x3IsAsCloseToFloat64AsSgemm) {
 // The exact case of GemmCpu.Tf32x3RoundsToNearestTiesAway: 4099 x 1024.5 is
 // 4199425 when the split rounds to nearest with ties away from zero
 // (cvt.rna), 4199426 with ties to even, 4199424 truncated; strict fp32 gives
-// 4199425.5 and one TF32 product 4202500. Both devices must give 4199425.
+// 4199425.5 and one TF32 product 4202500. Both devices must give 4199425,
+// also in two products (k = 16): the small ones, 4100 x -0.5 + -1 x 1025 =
+// -3075, then 4100 x 1025 = 4202500 added, every sum exact in fp32.
 TEST(CudaGemm, Tf32x3RoundsToNearestTiesAway) {
   BT_SKIP_WITHOUT_GPU();
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "ta " << ta << " tb " << tb);
-      // op(A) 2 x 3 with 4099 at (1, 1), op(B) 3 x 8 with 1024.5 at (1, 5); zeros elsewhere.
-      const int64_t m = 2, n = 8, k = 3;
-      std::vector<float> A(m * k, 0.0f), B(k * n, 0.0f);
-      A[ta ? 1 * m + 1 : 1 * k + 1] = 4099.0f;
-      B[tb ? 5 * k + 1 : 1 * n + 5] = 1024.5f;
-      GemmArgs g;
-      g.trans_a = ta, g.trans_b = tb;
-      g.m = m, g.n = n, g.k = k;
-      g.lda = ta ? m : k, g.ldb = tb ? k : n, g.ldc = n;
-      g.math = GemmMath::Tf32x3;
-      DevBuf dA = upload_vector(A), dB = upload_vector(B), dC(m * n * 4),
-             scratch(cuda::gemm_scratch_floats(g) * 4);
-      dC.poison();
-      g.a = dA.get(), g.b = dB.get(), g.c = dC.get();
-      cuda::gemm(g, nullptr, scratch.as<float>());
-      const std::vector<float> C = dC.to_vector<float>(m * n);
-      EXPECT_EQ(C[1 * n + 5], 4199425.0f);
-      size_t zeros = 0;
-      for (float x : C) zeros += x == 0.0f;
-      EXPECT_EQ(zeros, C.size() - 1);
-      std::vector<float> C_cpu(m * n, -1.0f);
-      GemmArgs gc = g;
-      gc.a = A.data(), gc.b = B.data(), gc.c = C_cpu.data();
-      cpu::gemm(gc);
-      EXPECT_EQ(C_cpu, C) << "the CPU's 3xTF32";
-    }
+  for (int64_t k : {3, 16})  // one product over 3K; two, on two copies (Note [Two copies or three])
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "k " << k << " ta " << ta << " tb " << tb);
+        // op(A) 2 x k with 4099 at (1, 1), op(B) k x 8 with 1024.5 at (1, 5); zeros elsewhere.
+        const int64_t m = 2, n = 8;
+        std::vector<float> A(m * k, 0.0f), B(k * n, 0.0f);
+        A[ta ? 1 * m + 1 : 1 * k + 1] = 4099.0f;
+        B[tb ? 5 * k + 1 : 1 * n + 5] = 1024.5f;
+        GemmArgs g;
+        g.trans_a = ta, g.trans_b = tb;
+        g.m = m, g.n = n, g.k = k;
+        g.lda = ta ? m : k, g.ldb = tb ? k : n, g.ldc = n;
+        g.math = GemmMath::Tf32x3;
+        DevBuf dA = upload_vector(A), dB = upload_vector(B), dC(m * n * 4),
+               scratch(cuda::gemm_scratch_floats(g) * 4);
+        dC.poison();
+        g.a = dA.get(), g.b = dB.get(), g.c = dC.get();
+        cuda::gemm(g, nullptr, scratch.as<float>());
+        const std::vector<float> C = dC.to_vector<float>(m * n);
+        EXPECT_EQ(C[1 * n + 5], 4199425.0f);
+        size_t zeros = 0;
+        for (float x : C) zeros += x == 0.0f;
+        EXPECT_EQ(zeros, C.size() - 1);
+        std::vector<float> C_cpu(m * n, -1.0f);
+        GemmArgs gc = g;
+        gc.a = A.data(), gc.b = B.data(), gc.c = C_cpu.data();
+        cpu::gemm(gc);
+        EXPECT_EQ(C_cpu, C) << "the CPU's 3xTF32";
+      }
+}
+
+// Note [Splitting at copy bandwidth]: the split's vector kernels (operands
+// 16-byte aligned, dimensions and strides multiples of 4) and its scalar ones
+// (any other layout) write the same copies, so the same GEMM follows and C
+// is bitwise the same. The same values run from an aligned buffer and from
+// one a float further on; the shapes leave part of a 64 x 64 tile at every
+// edge, and two items of a batch have strides of their own. NaN and
+// infinity take the path that zeroes their small part.
+TEST(CudaGemm, Tf32x3SplitIsTheSameAtAnyAlignment) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t k : {20, 100})  // three copies, two (Note [Two copies or three])
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "k " << k << " ta " << ta << " tb " << tb);
+        const int64_t batch = 2, m = 72, n = 132;
+        GemmArgs g;
+        g.trans_a = ta, g.trans_b = tb;
+        g.m = m, g.n = n, g.k = k, g.batch = batch;
+        g.lda = (ta ? m : k) + 4, g.ldb = (tb ? k : n) + 8, g.ldc = n;
+        g.stride_a = (ta ? k : m) * g.lda + 4, g.stride_b = (tb ? n : k) * g.ldb, g.stride_c = m * n;
+        g.math = GemmMath::Tf32x3;
+        const int64_t na = batch * g.stride_a, nb = batch * g.stride_b;
+        std::vector<float> A(na + 1), B(nb + 1);
+        for (float& x : A) x = u(gen);
+        for (float& x : B) x = u(gen);
+        A[ta ? 5 * g.lda + 3 : 3 * g.lda + 5] =
+            std::numeric_limits<float>::infinity();  // C row 3 is inf or NaN
+        auto run = [&](int64_t offset) {
+          std::vector<float> a(na + 1, 0.0f), b(nb + 1, 0.0f);
+          std::copy(A.begin(), A.begin() + na, a.begin() + offset);
+          std::copy(B.begin(), B.begin() + nb, b.begin() + offset);
+          DevBuf dA = upload_vector(a), dB = upload_vector(b), dC(batch * m * n * 4),
+                 scratch(cuda::gemm_scratch_floats(g) * 4);
+          dC.poison();
+          scratch.poison();
+          GemmArgs h = g;
+          h.a = dA.as<float>() + offset, h.b = dB.as<float>() + offset, h.c = dC.get();
+          cuda::gemm(h, nullptr, scratch.as<float>());
+          return dC.to_vector<float>(batch * m * n);
+        };
+        const std::vector<float> packed = run(0), scalar = run(1);
+        ASSERT_EQ(packed.size(), scalar.size());
+        EXPECT_EQ(std::memcmp(packed.data(), scalar.data(), packed.size() * sizeof(float)), 0)
+            << "the aligned operands' copies differ from the others'";
+        int64_t finite = 0;
+        for (float x : packed) finite += std::isfinite(x);
+        EXPECT_EQ(finite, batch * m * n - n) << "one row of C is not finite: the infinity's";
+      }
 }
 
 }  // namespace
