@@ -142,9 +142,18 @@ void attention_backward(const AttnBackward& a);
 #ifdef BT_CUDA
 namespace cuda {
 void attention_forward(const AttnForward& a, cudaStream_t stream);
-/// Floats of scratch that attention_backward needs.
+/// Floats of scratch that attention_backward needs at least: Di, [B, H, T].
 size_t attention_backward_scratch_floats(const AttnShape& s);
-void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream);
+/// Floats of scratch with which attention_backward(a) runs fastest: more than
+/// the least for the strict-fp32 tiled path, whose dK/dV pass hands its dS
+/// tiles to the dQ pass through it (at most 256 MiB more; Note [dS through
+/// memory in fp32] in kernels/cuda/attention/attention_f32.cu).
+size_t attention_backward_scratch_floats(const AttnBackward& a);
+/// `scratch` holds `scratch_floats` floats, 0 meaning the least
+/// (attention_backward_scratch_floats(a.shape)); the fp32 tiled path uses what
+/// is there beyond it.
+void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream,
+                        size_t scratch_floats = 0);
 
 /// The Hopper kernels (kernels/cuda/sm90a/attention_wgmma*.cu, wgmma): a BF16
 /// forward or backward with D = 64 on the tensor-core path runs them when

@@ -8,7 +8,9 @@
 //   - F32 with D in {32, 64}, a finite scale and 16-byte aligned rows (and
 //     strict math, or a scale <= 0): the register-tiled strict-fp32 kernels,
 //     kernels/cuda/attention/attention_f32.cu.
-// Both compute the backward's Di in their dQ pass, into the same scratch.
+// Both compute the backward's Di into the same scratch (the strict-fp32 one,
+// given more scratch, passes its dS tiles through the rest: Note [dS through
+// memory in fp32]).
 //
 // SIMT kernels:
 // Layout of work: D is padded to DP in {16, 32, 64, 128} (padded dims are zero
@@ -27,6 +29,7 @@
 //   3. per (b, h, query tile): dQ over the key tiles the queries see
 // with P recomputed as exp(scale q.k - lse). Query head h reads key/value head
 // hk = h / G (Note [Grouped-query attention] in kernels/attention.h).
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -366,7 +369,13 @@ size_t attention_backward_scratch_floats(const AttnShape& s) {
   return static_cast<size_t>(s.B * s.H * s.T);
 }
 
-void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream) {
+size_t attention_backward_scratch_floats(const AttnBackward& a) {
+  const size_t least = attention_backward_scratch_floats(a.shape);
+  if (least == 0 || attention_backward_path(a) != AttnPath::F32Tiled) return least;
+  return std::max(least, detail::attention_backward_f32_scratch_floats(a.shape));
+}
+
+void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stream, size_t scratch_floats) {
   check_shape(a.shape, "attention_backward");
   dispatch_float(a.dt, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -380,12 +389,16 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
              "floats)");
     const int64_t rows = g.B * g.H * g.T;
     BT_CHECK(ceil_div(rows, 8) < INT_MAX, "cuda attention_backward: too many rows");
+    const size_t least = attention_backward_scratch_floats(a.shape);
+    BT_CHECK(scratch_floats == 0 || scratch_floats >= least, "cuda attention_backward: ", scratch_floats,
+             " floats of scratch, fewer than the ", least, " it needs (attention_backward_scratch_floats)");
     switch (attention_backward_path(a)) {
       case AttnPath::TensorCore:
         detail::attention_backward_mma(a, scratch, stream);  // computes Di itself
         return;
       case AttnPath::F32Tiled:
-        detail::attention_backward_f32(a, scratch, stream);  // computes Di itself
+        detail::attention_backward_f32(a, scratch, scratch_floats == 0 ? least : scratch_floats,
+                                       stream);  // computes Di itself
         return;
       case AttnPath::Simt:
         break;

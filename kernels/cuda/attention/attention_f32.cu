@@ -52,6 +52,10 @@
 //   attention] in kernels/attention.h; h reads K/V head h / G): S^T = K' Q^T,
 //   dP^T = V dO^T, P^T and dS^T = P^T (dP^T - Di) to shared memory,
 //   dK += dS^T Q, dV += P^T dO. dK *= scale.
+// With room in the scratch, the dK/dV pass also stores its dS^T tiles and a
+// dQ pass over them replaces the recomputing one (Note [dS through memory in
+// fp32], below the kernels).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -82,6 +86,38 @@ struct Cfg {
 
 using F32Fwd = AttnFwdParams<float>;
 using F32Bwd = AttnBwdParams<float>;
+
+/// The key/value heads (b, hk), numbered b Hkv + hk, that one dK/dV launch
+/// (and the dQ launch after it) covers: [first, first + count). With `ds`,
+/// the dK/dV pass stores its dS^T tiles there for the dQ pass (Note [dS
+/// through memory in fp32]); a head's G query heads take G ds_head_floats
+/// in order.
+struct DsSpan {
+  int64_t first, count;
+  float* ds;
+};
+
+/// The dS tiles are kDsTile x kDsTile: a block's keys by a streamed tile's queries.
+constexpr int kDsTile = 64;
+
+/// Floats of one query head's dS tiles: the kDsTile-square tiles on and
+/// below the diagonal (key tile <= query tile), nt (nt + 1) / 2 of them.
+__host__ __device__ inline int64_t ds_head_floats(int64_t T) {
+  const int64_t nt = (T + kDsTile - 1) / kDsTile;
+  return nt * (nt + 1) / 2 * kDsTile * kDsTile;
+}
+
+/// The most scratch the dS tiles take (Note [dS through memory in fp32]).
+constexpr size_t kDsMiB = 256;
+
+/// Where the dS tiles start in the backward's scratch: after Di ([B, H, T]),
+/// 256-byte aligned.
+inline int64_t ds_offset_floats(const AttnShape& s) { return (s.B * s.H * s.T + 63) / 64 * 64; }
+
+/// Where the tile of query tile qt and key tile kt <= qt starts in a head's dS tiles.
+__device__ __forceinline__ int64_t ds_tile_offset(int64_t qt, int64_t kt) {
+  return (qt * (qt + 1) / 2 + kt) * kDsTile * kDsTile;
+}
 
 /// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero, far below what
 /// changes a softmax sum that is at least 1).
@@ -443,8 +479,9 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dq_f32_kernel(cons
 
 // ------------------------------------------------------------------ backward: dK, dV
 // Here the block's rows are BM keys and the streamed tiles are BN queries.
-template <class C, int MINB>
-__global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(const F32Bwd p) {
+template <class C, int MINB, bool kStoreDs>
+__global__ void __launch_bounds__(C::kThreads, MINB)
+    attn_bwd_dkdv_f32_kernel(const F32Bwd p, const DsSpan span) {
   constexpr int D = C::D, RM = C::RM, RN = C::RN, NRG = C::NRG, BM = C::BM, BN = C::BN, DC = C::DC,
                 LD = C::LD, LP = C::LP, NT = C::kThreads;
   extern __shared__ __align__(16) float smem_f32[];
@@ -457,8 +494,9 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(co
   float* lse_s = dsts + BM * LP;  // [BN]
   float* di_s = lse_s + BN;       // [BN]
 
-  const int64_t bhk_count = p.B * p.Hkv, bid = blockIdx.x;
-  const int64_t bhk = bid % bhk_count, tile = bid / bhk_count;  // first key tiles see the most queries
+  const int64_t bid = blockIdx.x;
+  const int64_t bhk = span.first + bid % span.count,
+                tile = bid / span.count;  // first key tiles see the most queries
   const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv, T = p.T;
   const int64_t k0 = tile * BM;
   const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
@@ -532,7 +570,15 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(co
           dstr[i * NRG * LP + cg + 16 * j] = pv * (dpt[i][j] - dij);
         }
       }
-      __syncwarp();  // P^T, dS^T rows of this row group are read back by the same warp only
+      __syncwarp();              // P^T, dS^T rows of this row group are read back by the same warp only
+      if constexpr (kStoreDs) {  // this row group's rows of the dS^T tile, 16 bytes a lane
+        static_assert(BM == kDsTile && BN == kDsTile, "the dS tiles are the blocks' tiles");
+        float* dst = span.ds + ((bhk - span.first) * p.G + gh) * ds_head_floats(T) + ds_tile_offset(qt, tile);
+#pragma unroll
+        for (int i = 0; i < RM; ++i)
+          *reinterpret_cast<float4*>(dst + (rg + NRG * i) * kDsTile + 4 * cg) =
+              *reinterpret_cast<const float4*>(dstr + i * NRG * LP + 4 * cg);
+      }
       mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dk, dstr, qn);
       __syncthreads();  // every warp is done with Q(qt), lse, Di
       if (more) {
@@ -563,6 +609,120 @@ __global__ void __launch_bounds__(C::kThreads, MINB) attn_bwd_dkdv_f32_kernel(co
   }
 }
 
+// ------------------------------------------------------------------ backward through dS in memory
+// Note [dS through memory in fp32]
+// The recomputing backward above multiplies seven products where the
+// backward needs five: its dQ pass recomputes S = Q K^T and dP = dO V^T to
+// rebuild the dS that the dK/dV pass also builds. In strict fp32 the
+// products are FFMA work, so the second dS costs more than moving the first
+// through memory. This backward runs three passes:
+//   Di = rowsum(dO * O), 16 lanes a row (the same sum as the dQ pass's);
+//   the dK/dV pass, which also stores each 64 x 64 dS^T tile it computes
+//     (keys by queries, 16 bytes a lane from the tile in shared memory);
+//   the dQ pass, dQ = dS K summed over the key tiles in order, each dS tile
+//     read back and transposed into shared memory for the same mm_nn as
+//     before, the next tile's loads in flight during the product.
+// It is deterministic but not the recomputing backward's bits: its dS comes
+// from S^T = K' Q^T (K scaled) where the dQ pass had S = Q' K^T (Q scaled).
+// The tiles take ds_head_floats(T) floats a query head, about 2 T^2 bytes
+// (2.2 MB at T = 1024): the backward's scratch holds the tiles of as many
+// key/value heads (each with its G query heads) as fit, at most kDsMiB, and
+// the passes run span by span. When one head's tiles do not fit (T above
+// about 11K at G = 1), the recomputing backward runs.
+
+/// Di = rowsum(dO * O) for every query row, 16 lanes a row (DC floats a lane:
+/// the dQ pass's arithmetic).
+template <int DC>
+__global__ void __launch_bounds__(256) attn_bwd_di_f32_kernel(const F32Bwd p) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int cg = threadIdx.x & 15;
+  const int64_t rows = p.B * p.H * p.T, bh = row / p.T, t = row % p.T, b = bh / p.H, h = bh % p.H;
+  float acc = 0.0f;
+  if (row < rows) {
+    float ov[DC], dv[DC];
+    ld_vec<DC>(p.o + b * p.so.b + h * p.so.h + t * p.so.t + cg * DC, ov);
+    ld_vec<DC>(p.dout + b * p.sdo.b + h * p.sdo.h + t * p.sdo.t + cg * DC, dv);
+#pragma unroll
+    for (int c = 0; c < DC; ++c) acc = fmaf(ov[c], dv[c], acc);
+  }
+  acc = group16_sum(acc);  // every lane takes part: rows past the end add zeros
+  if (row < rows && cg == 0) p.di[row] = acc;
+}
+
+/// The dQ pass over the dK/dV pass's dS tiles, per (query head of the span,
+/// 64 queries): dQ = scale sum over key tiles of dS K.
+template <class C, int MINB>
+__global__ void __launch_bounds__(C::kThreads, MINB)
+    attn_bwd_dq_from_ds_f32_kernel(const F32Bwd p, const DsSpan span) {
+  constexpr int D = C::D, RM = C::RM, NRG = C::NRG, BM = C::BM, BN = C::BN, DC = C::DC, LD = C::LD,
+                LP = C::LP, NT = C::kThreads;
+  static_assert(BM == kDsTile && BN == kDsTile, "the dS tiles are the blocks' tiles");
+  // A thread moves 8 consecutive floats (a 32-byte sector) of one key row of
+  // a dS^T tile: keys = lanes, so that its transposed stores hit 32 banks.
+  constexpr int kUnits = kDsTile * kDsTile / 8 / NT;
+  extern __shared__ __align__(16) float smem_f32[];
+  float* ks = smem_f32;           // [2][BN][LD]: K(kt) and K(kt + 1)
+  float* dss = ks + 2 * BN * LD;  // [BM][LP]: dS of this tile (queries x keys)
+
+  const int64_t heads = span.count * p.G, bid = blockIdx.x;
+  const int64_t local = bid % heads, tile = p.tiles - 1 - bid / heads;  // longest rows first
+  const int64_t bhk = span.first + local / p.G, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int64_t h = hk * p.G + local % p.G, T = p.T, q0 = tile * BM;
+  const int lane = threadIdx.x & 31, rg = 2 * (threadIdx.x >> 5) + (lane >> 4), cg = lane & 15;
+  const float* kg = p.k + b * p.sk.b + hk * p.sk.h;
+  const float* dsg = span.ds + local * ds_head_floats(T) + ds_tile_offset(tile, 0);
+
+  const int64_t kend = q0 + BM < T ? q0 + BM : T;
+  const int nkt = static_cast<int>((kend + BN - 1) / BN);
+  float4 next[kUnits][2];
+  auto fetch = [&](const float* t) {  // dS^T tile `t` into registers
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int unit = u * NT + static_cast<int>(threadIdx.x), key = unit % kDsTile, c8 = unit / kDsTile;
+      const float4* g = reinterpret_cast<const float4*>(t + key * kDsTile + 8 * c8);
+      next[u][0] = g[0], next[u][1] = g[1];
+    }
+  };
+  auto stash = [&]() {  // the registers, transposed, into dss
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int unit = u * NT + static_cast<int>(threadIdx.x), key = unit % kDsTile, c8 = unit / kDsTile;
+      float* d = dss + 8 * c8 * LP + key;
+      d[0 * LP] = next[u][0].x, d[1 * LP] = next[u][0].y, d[2 * LP] = next[u][0].z, d[3 * LP] = next[u][0].w;
+      d[4 * LP] = next[u][1].x, d[5 * LP] = next[u][1].y, d[6 * LP] = next[u][1].z, d[7 * LP] = next[u][1].w;
+    }
+  };
+  load_rows<D, LD, BN, NT>(ks, kg, p.sk.t, 0, T);
+  cp_async_commit();
+  fetch(dsg);
+
+  float dq[RM][DC];
+  zero(dq);
+  const float* dsr = dss + rg * LP;
+  for (int kt = 0; kt < nkt; ++kt) {
+    stash();  // the barrier at the end of the last tile: nobody reads dss any more
+    if (kt + 1 < nkt) {
+      load_rows<D, LD, BN, NT>(ks + ((kt + 1) & 1) * BN * LD, kg, p.sk.t, static_cast<int64_t>(kt + 1) * BN,
+                               T);
+      cp_async_commit();
+      fetch(dsg + static_cast<int64_t>(kt + 1) * kDsTile * kDsTile);
+      cp_async_wait<1>();  // K(kt); K(kt + 1) may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // dS(kt) and K(kt) visible
+    mm_nn<RM, DC, BN, NRG, LP, LD, C::KU>(dq, dsr, ks + (kt & 1) * BN * LD + cg * DC);
+    __syncthreads();  // every warp is done with dss and K(kt)
+  }
+
+  float* dqg = p.dq + b * p.sdq.b + h * p.sdq.h;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int64_t row = q0 + rg + NRG * i;
+    if (row < T) st_vec<DC>(dqg + row * p.sdq.t + cg * DC, dq[i], p.scale);
+  }
+}
+
 // ------------------------------------------------------------------ host side
 template <class C, int MINB>
 void launch_fwd(const AttnForward& a, cudaStream_t stream) {
@@ -583,14 +743,62 @@ void launch_dq(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
          smem, stream, p);
 }
 
+/// Blocks for `tiles` tiles of each of `heads` heads, checked.
+unsigned span_blocks(int64_t heads, int64_t tiles) {
+  BT_CHECK(heads * tiles > 0 && heads * tiles < INT_MAX, "cuda attention_backward: too many blocks (", heads,
+           " heads of ", tiles, " tiles)");
+  return static_cast<unsigned>(heads * tiles);
+}
+
+/// The dK/dV pass over the key/value heads of `span` (storing its dS^T tiles when span.ds is set).
 template <class C, int MINB>
-void launch_dkdv(F32Bwd p, const AttnShape& s, cudaStream_t stream) {
+void launch_dkdv(F32Bwd p, const DsSpan& span, cudaStream_t stream) {
   p.tiles = ceil_div(p.T, C::BM);
   // K, V, Q, dO, P^T, dS^T, lse, Di
   constexpr size_t smem =
       sizeof(float) * (2 * C::BM * C::LD + 2 * C::BN * C::LD + 2 * C::BM * C::LP + 2 * C::BN);
-  launch(attn_bwd_dkdv_f32_kernel<C, MINB>, blocks_for(s, p.Hkv, p.tiles, "attention_backward"), C::kThreads,
-         smem, stream, p);
+  const unsigned blocks = span_blocks(span.count, p.tiles);
+  if (span.ds)
+    launch(attn_bwd_dkdv_f32_kernel<C, MINB, true>, blocks, C::kThreads, smem, stream, p, span);
+  else
+    launch(attn_bwd_dkdv_f32_kernel<C, MINB, false>, blocks, C::kThreads, smem, stream, p, span);
+}
+
+template <class C>
+void launch_di(const F32Bwd& p, cudaStream_t stream) {
+  const int64_t threads = p.B * p.H * p.T * 16;
+  BT_CHECK(threads / 256 < INT_MAX, "cuda attention_backward: too many rows");
+  launch(attn_bwd_di_f32_kernel<C::DC>, static_cast<unsigned>(ceil_div(threads, 256)), 256, 0, stream, p);
+}
+
+template <class C, int MINB>
+void launch_dq_from_ds(F32Bwd p, const DsSpan& span, cudaStream_t stream) {
+  p.tiles = ceil_div(p.T, C::BM);
+  constexpr size_t smem = sizeof(float) * (2 * C::BN * C::LD + C::BM * C::LP);  // K twice, dS
+  launch(attn_bwd_dq_from_ds_f32_kernel<C, MINB>, span_blocks(span.count * p.G, p.tiles), C::kThreads, smem,
+         stream, p, span);
+}
+
+/// The backward of configuration C: through dS in memory, span by span, when
+/// the scratch after Di holds one key/value head's tiles, else recomputing.
+template <class C, int MINB>
+void run_backward(const AttnBackward& a, float* scratch, size_t scratch_floats, cudaStream_t stream) {
+  const F32Bwd p = bwd_params<float>(a, scratch);
+  const int64_t heads = p.B * p.Hkv, per_head = p.G * ds_head_floats(p.T);
+  const int64_t di = ds_offset_floats(a.shape);
+  const int64_t fit =
+      static_cast<int64_t>(scratch_floats) > di ? (static_cast<int64_t>(scratch_floats) - di) / per_head : 0;
+  if (fit < 1) {  // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
+    launch_dq<C, MINB>(p, a.shape, stream);
+    launch_dkdv<C, MINB>(p, {0, heads, nullptr}, stream);
+    return;
+  }
+  launch_di<C>(p, stream);
+  for (int64_t first = 0; first < heads; first += fit) {
+    const DsSpan span{first, std::min(fit, heads - first), scratch + di};
+    launch_dkdv<C, MINB>(p, span, stream);
+    launch_dq_from_ds<C, MINB>(p, span, stream);
+  }
 }
 
 // Configurations <D, RM, RN, NW, KU> and resident blocks per SM, picked by
@@ -621,16 +829,22 @@ void attention_forward_f32(const AttnForward& a, cudaStream_t stream) {
   }
 }
 
-void attention_backward_f32(const AttnBackward& a, float* di, cudaStream_t stream) {
-  // The dQ pass goes first: it also writes Di, which the dK/dV pass reads.
+size_t attention_backward_f32_scratch_floats(const AttnShape& s) {
+  const int64_t di = ds_offset_floats(s), heads = s.B * s.kv_heads(),
+                per_head = s.group() * ds_head_floats(s.T);
+  const int64_t most = static_cast<int64_t>(kDsMiB << 20) / static_cast<int64_t>(sizeof(float));
+  if (heads <= 0 || per_head <= 0 || per_head > most) return static_cast<size_t>(s.B * s.H * s.T);
+  return static_cast<size_t>(di + std::min(heads, most / per_head) * per_head);
+}
+
+void attention_backward_f32(const AttnBackward& a, float* scratch, size_t scratch_floats,
+                            cudaStream_t stream) {
   switch (a.shape.D) {
     case 32:
-      launch_dq<Bwd32, 2>(bwd_params<float>(a, di), a.shape, stream);
-      launch_dkdv<Bwd32, 2>(bwd_params<float>(a, di), a.shape, stream);
+      run_backward<Bwd32, 2>(a, scratch, scratch_floats, stream);
       return;
     case 64:
-      launch_dq<Bwd64, 2>(bwd_params<float>(a, di), a.shape, stream);
-      launch_dkdv<Bwd64, 2>(bwd_params<float>(a, di), a.shape, stream);
+      run_backward<Bwd64, 2>(a, scratch, scratch_floats, stream);
       return;
     default:
       BT_ASSERT(false, "attention_backward_f32: unsupported D ", a.shape.D);

@@ -14,8 +14,16 @@ namespace bt::kernels::cuda::detail {
 /// say AttnPath::F32Tiled: F32, D in {32, 64}, a finite scale, every row of
 /// every view on a 16-byte boundary.
 void attention_forward_f32(const AttnForward& a, cudaStream_t stream);
-/// The dQ pass (which also writes Di = rowsum(dO * O) into `di`, [B, H, T]
-/// floats: the backward's scratch), then the dK/dV pass.
-void attention_backward_f32(const AttnBackward& a, float* di, cudaStream_t stream);
+/// Floats of scratch with which attention_backward_f32 runs through dS in
+/// memory (Note [dS through memory in fp32] in attention_f32.cu): Di, then the
+/// dS tiles of as many key/value heads as fit in 256 MiB; Di alone ([B, H, T])
+/// when one head's tiles do not.
+size_t attention_backward_f32_scratch_floats(const AttnShape& s);
+/// The backward into `scratch` of `scratch_floats` floats (at least [B, H, T]
+/// for Di): through dS in memory when it holds one key/value head's tiles
+/// after Di, else the recomputing dQ pass (which also writes Di) and the
+/// dK/dV pass.
+void attention_backward_f32(const AttnBackward& a, float* scratch, size_t scratch_floats,
+                            cudaStream_t stream);
 
 }  // namespace bt::kernels::cuda::detail

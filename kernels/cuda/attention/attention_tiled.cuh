@@ -96,13 +96,14 @@ inline unsigned blocks_for(const AttnShape& s, int64_t heads, int64_t tiles, con
   return static_cast<unsigned>(blocks);
 }
 
-/// Launches `kernel(p)`, opting in to more than 48 KiB of dynamic shared memory when asked.
-template <typename Kernel, typename Params>
-void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream, const Params& p) {
+/// Launches `kernel(args...)`, opting in to more than 48 KiB of dynamic shared memory when asked.
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream,
+            const Args&... args) {
   if (smem > 48 * 1024)
     BT_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<blocks, threads, smem, stream>>>(p);
+  kernel<<<blocks, threads, smem, stream>>>(args...);
   BT_KERNEL_CHECK();
 }
 

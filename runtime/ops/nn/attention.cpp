@@ -83,10 +83,9 @@ void backward(DType dt, kernels::GemmMath math, const Device& dev, const kernels
   if (s.B * s.H * s.T * s.D == 0) return;
   detail::on_device(
       dev, [&] { kernels::cpu::attention_backward(b); },
-      BT_CUDA_LAMBDA(Tensor scratch =
-                         empty({static_cast<int64_t>(kernels::cuda::attention_backward_scratch_floats(s))},
-                               TensorOptions{DType::F32, dev});
-                     kernels::cuda::attention_backward(b, scratch.data<float>(), stream)));
+      BT_CUDA_LAMBDA(const size_t floats = kernels::cuda::attention_backward_scratch_floats(b);
+                     Tensor scratch = empty({static_cast<int64_t>(floats)}, TensorOptions{DType::F32, dev});
+                     kernels::cuda::attention_backward(b, scratch.data<float>(), stream, floats)));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -135,6 +136,8 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
 
   DevBuf d_o_ref(o_ref), d_dout(dout), d_lse_ref(upload_vector(lse_ref)),
       d_grads(static_cast<size_t>(3 * n) * es);
+  // The least scratch: the strict-fp32 backward recomputes dS in its dQ pass
+  // (run_vs_f64 gives each call what runs fastest).
   DevBuf scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
   d_grads.poison();
   scratch.poison();
@@ -283,12 +286,10 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
 
   // ---- GPU, dt
   DevBuf d_qkv(qkv), d_o(static_cast<size_t>(n) * es), d_lse(lse64.size() * sizeof(float)), d_dout(dout),
-      d_grads(static_cast<size_t>(total) * es),
-      scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
+      d_grads(static_cast<size_t>(total) * es);
   d_o.poison();
   d_lse.poison();
   d_grads.poison();
-  scratch.poison();
   const auto dev = [es](const DevBuf& d, int64_t off) { return d.as<unsigned char>() + off * es; };
   AttnForward fg;
   fg.dt = dt;
@@ -341,7 +342,10 @@ void run_vs_f64(const Case& c, std::mt19937& gen, Paths want, double stddev = 1.
   bg.dk = dev(d_grads, ok), bg.sdk = sqkv;
   bg.dv = dev(d_grads, ov), bg.sdv = sqkv;
   ASSERT_EQ(cuda::attention_backward_path(bg), want.bwd) << "backward path";
-  cuda::attention_backward(bg, scratch.as<float>(), nullptr);
+  const size_t floats = cuda::attention_backward_scratch_floats(bg);  // the fastest way
+  DevBuf scratch(floats * sizeof(float));
+  scratch.poison();
+  cuda::attention_backward(bg, scratch.as<float>(), nullptr, floats);
   const HostBuf grads = d_grads.to_host(dt, total);
   if (c.T > 1) {
     expect_rel(gather(grads, pos(oq)), gather(g64, pos(oq)), "dq");
@@ -400,6 +404,27 @@ TEST(CudaAttention, UnalignedBf16RowsUseTheSimtPath) {
 /// Bytes of a device buffer.
 std::vector<unsigned char> bytes_of(const DevBuf& d) { return d.to_vector<unsigned char>(d.bytes()); }
 
+/// The backward of forward `f` over a fused q/k/v buffer (its dtype, math,
+/// scale, q, k, v, o and lse): dO at `dout` in o's layout, the gradients into
+/// `grads`, a buffer of the fused layout (dq's view at 0, dk's at H D and dv's
+/// at (H + Hkv) D elements, with the strides of q, k and v).
+AttnBackward backward_of(const AttnForward& f, const void* dout, unsigned char* grads) {
+  AttnBackward b;
+  b.dt = f.dt;
+  b.math = f.math;
+  b.shape = f.shape;
+  b.scale = f.scale;
+  b.q = f.q, b.k = f.k, b.v = f.v;
+  b.sq = b.sdq = f.sq, b.sk = b.sdk = f.sk, b.sv = b.sdv = f.sv;
+  b.o = f.o, b.so = f.so;
+  b.dout = dout, b.sdo = f.so;
+  b.lse = f.lse;
+  const size_t es = dtype_size(f.dt);
+  const int64_t H = f.shape.H, KH = f.shape.kv_heads(), D = f.shape.D;
+  b.dq = grads, b.dk = grads + H * D * es, b.dv = grads + (H + KH) * D * es;
+  return b;
+}
+
 /// Two forward + backward runs on the same inputs (fused q/k/v [B, T, H + 2
 /// Hkv, D], B 2, T 333, H 3 or, with Hkv, 4), on the path `want`, give the same
 /// bytes in o, lse, dq, dk and dv (with GQA, dk and dv are sums over query heads).
@@ -419,12 +444,10 @@ void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0,
   std::vector<unsigned char> o_first, lse_first, g_first;
   for (int run = 0; run < 2; ++run) {
     DevBuf d_o(static_cast<size_t>(n) * es), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
-        d_grads(static_cast<size_t>(B * T * row) * es),
-        scratch(cuda::attention_backward_scratch_floats(s) * sizeof(float));
+        d_grads(static_cast<size_t>(B * T * row) * es);
     d_o.poison();
     d_lse.poison();
     d_grads.poison();
-    scratch.poison();
     AttnForward f;
     f.dt = dt;
     f.math = math;
@@ -436,19 +459,12 @@ void check_deterministic(DType dt, int64_t D, AttnPath want, int64_t Hkv = 0,
     f.lse = d_lse.as<float>();
     ASSERT_EQ(cuda::attention_forward_path(f), want) << "forward path";
     cuda::attention_forward(f, nullptr);
-    AttnBackward b;
-    b.dt = dt;
-    b.math = math;
-    b.shape = s;
-    b.scale = f.scale;
-    b.q = f.q, b.k = f.k, b.v = f.v;
-    b.sq = b.sk = b.sv = b.sdq = b.sdk = b.sdv = sqkv;
-    b.o = d_o.get(), b.so = so;
-    b.dout = d_dout.get(), b.sdo = so;
-    b.lse = d_lse.as<float>();
-    b.dq = dev(d_grads, 0), b.dk = dev(d_grads, H * D), b.dv = dev(d_grads, (H + KH) * D);
+    const AttnBackward b = backward_of(f, d_dout.get(), d_grads.as<unsigned char>());
     ASSERT_EQ(cuda::attention_backward_path(b), want) << "backward path";
-    cuda::attention_backward(b, scratch.as<float>(), nullptr);
+    const size_t floats = cuda::attention_backward_scratch_floats(b);  // the fastest way
+    DevBuf scratch(floats * sizeof(float));
+    scratch.poison();
+    cuda::attention_backward(b, scratch.as<float>(), nullptr, floats);
     if (run == 0) {
       o_first = bytes_of(d_o), lse_first = bytes_of(d_lse), g_first = bytes_of(d_grads);
       continue;
@@ -569,6 +585,73 @@ TEST(CudaAttention, F32TiledPathIsDeterministic) {
   BT_SKIP_WITHOUT_GPU();
   check_deterministic(DType::F32, 64, AttnPath::F32Tiled);
   check_deterministic(DType::F32, 32, AttnPath::F32Tiled);
+}
+
+// Note [dS through memory in fp32]: the backward through dS tiles in scratch
+// gives the same bits whether its scratch holds every key/value head's tiles
+// at once or one head's (spans of one head, four launches of each pass); with
+// the least scratch it recomputes dS instead, which agrees within fp32's
+// tolerance.
+// Less than the least scratch is refused. Grouped queries (G = 2), and T and
+// B H T multiples of 64, so that the tiles start right after Di.
+TEST(CudaAttention, F32TiledBackwardThroughDsInSpans) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const int64_t B = 2, H = 4, Hkv = 2, T = 192, D = 64, row = (H + 2 * Hkv) * D;
+  const AttnShape s{B, H, T, D, Hkv};
+  const int64_t n = B * H * T * D;
+  const AttnStrides sqkv{T * row, D, row}, so = kernels::contiguous_bhtd(s);
+  const size_t f4 = sizeof(float);
+  DevBuf d_qkv(randn_buf(DType::F32, B * T * row, gen)), d_dout(randn_buf(DType::F32, n, gen)),
+      d_o(static_cast<size_t>(n) * f4), d_lse(static_cast<size_t>(B * H * T) * f4),
+      d_grads(static_cast<size_t>(B * T * row) * f4);
+  AttnForward f;
+  f.shape = s;
+  f.scale = 0.125f;
+  f.q = d_qkv.as<float>(), f.k = d_qkv.as<float>() + H * D, f.v = d_qkv.as<float>() + (H + Hkv) * D;
+  f.sq = f.sk = f.sv = sqkv;
+  f.o = d_o.get(), f.so = so;
+  f.lse = d_lse.as<float>();
+  cuda::attention_forward(f, nullptr);
+  const AttnBackward b = backward_of(f, d_dout.get(), d_grads.as<unsigned char>());
+  ASSERT_EQ(cuda::attention_backward_path(b), AttnPath::F32Tiled);
+  const size_t least = cuda::attention_backward_scratch_floats(s),
+               all = cuda::attention_backward_scratch_floats(b);
+  ASSERT_EQ((all - least) % (B * Hkv), 0u) << "the tiles of B Hkv = 4 heads follow Di";
+  const size_t one_head = least + (all - least) / (B * Hkv);
+  auto grads = [&](size_t floats) {
+    DevBuf scratch(floats * f4);
+    d_grads.poison();
+    scratch.poison();
+    cuda::attention_backward(b, scratch.as<float>(), nullptr, floats);
+    return d_grads.to_vector<float>(B * T * row);
+  };
+  const std::vector<float> whole = grads(all), spans = grads(one_head), recomputed = grads(least);
+  ASSERT_EQ(whole.size(), spans.size());
+  EXPECT_EQ(std::memcmp(whole.data(), spans.data(), whole.size() * f4), 0)
+      << "one launch and four spans give different bits";
+  // The recomputing backward builds its own dS for dQ (from S = Q' K^T, where
+  // the dK/dV pass has S^T = K' Q^T): other bits, within fp32 rounding (on an
+  // H200, 84685 of dq's 98304 elements differed). dK and dV come from the same
+  // dK/dV pass and the same Di: the same bits.
+  std::vector<double> q_whole, q_rec, kv_whole, kv_rec;
+  int64_t q_differ = 0, kv_differ = 0;
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t e = 0; e < row; ++e) {
+      const size_t i = static_cast<size_t>(r * row + e);
+      const bool q = e < H * D;
+      (q ? q_whole : kv_whole).push_back(whole[i]);
+      (q ? q_rec : kv_rec).push_back(recomputed[i]);
+      (q ? q_differ : kv_differ) += std::memcmp(&whole[i], &recomputed[i], f4) != 0;
+    }
+  std::printf("elements whose bits differ, recomputed against through memory: dq %lld, dk and dv %lld\n",
+              static_cast<long long>(q_differ), static_cast<long long>(kv_differ));
+  EXPECT_GT(q_differ, 0) << "the least scratch must take the recomputing backward (its own dQ bits)";
+  EXPECT_EQ(kv_differ, 0) << "dK and dV differ between the two backwards";
+  BT_EXPECT_REL(q_rec, q_whole, 1e-5, "dq, recomputed against through memory");
+  BT_EXPECT_REL(kv_rec, kv_whole, 1e-5, "dk and dv, recomputed against through memory");
+  EXPECT_THROW(grads(least - 1), bt::Error) << "less scratch than Di needs";
 }
 
 TEST(CudaAttention, UnalignedF32RowsUseTheSimtPath) {
