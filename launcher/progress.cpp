@@ -146,6 +146,7 @@ void MetricsWriter::write(const train::StepStats& s, std::optional<double> val_l
   j["optimizer_state_bytes"] = s.optimizer_state_bytes;
   j["gradient_bytes"] = s.gradient_bytes;
   j["parameter_bytes"] = s.parameter_bytes;
+  j["compute_copy_bytes"] = s.compute_copy_bytes;
   j["skipped"] = s.skipped;  // Note [Non-finite steps] in runtime/train/trainer.cpp
   if (s.skipped) j["nonfinite"] = s.nonfinite;
   if (s.compiled) {  // train.compile (docs/compiler.md)

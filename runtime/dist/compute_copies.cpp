@@ -44,6 +44,13 @@ std::vector<std::pair<Tensor, Tensor>> ComputeCopies::copies() const {
   return out;
 }
 
+uint64_t ComputeCopies::bytes() const {
+  uint64_t n = 0;
+  for (const Copy& c : copies_)
+    if (c.copy.defined()) n += static_cast<uint64_t>(c.copy.numel()) * dtype_size(c.copy.dtype());
+  return n;
+}
+
 void ComputeCopies::updated() {
   for (Copy& c : copies_)
     if (c.copy.defined() && c.master.grad().defined()) c.version = c.master.version();

@@ -53,6 +53,8 @@ class ComputeCopies : public nn::WeightSource {
   /// After AdamW wrote the copies of copies(): those whose master it updated
   /// (those with a gradient) are current again.
   void updated();
+  /// Bytes of the copies (allocated at construction, kept for good).
+  uint64_t bytes() const;
 
  private:
   static constexpr uint64_t kNever = UINT64_MAX;

@@ -77,6 +77,7 @@ class LocalStrategy : public Strategy {
   uint64_t optimizer_state_bytes() const override { return 2 * f32_bytes(params_); }
   uint64_t gradient_bytes() const override { return f32_bytes(params_); }
   uint64_t parameter_bytes() const override { return f32_bytes(params_); }
+  uint64_t compute_copy_bytes() const override { return copies_ ? copies_->bytes() : 0; }
 
   // Every rank holds everything; the write share of rank r of N is its range
   // [r*S, (r+1)*S) of the parameters laid end to end, S = ceil(P / N).

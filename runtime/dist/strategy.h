@@ -109,6 +109,10 @@ class Strategy {
   virtual uint64_t gradient_bytes() const = 0;
   /// Bytes of f32 parameters (masters) this rank holds between steps.
   virtual uint64_t parameter_bytes() const = 0;
+  /// Bytes of the lower-precision copies of the parameters that a forward
+  /// takes, which this rank holds between steps (bf16 under the local and ddp
+  /// strategies: Note [Compute copies] in runtime/dist/compute_copies.h).
+  virtual uint64_t compute_copy_bytes() const { return 0; }
   /// Where the model must take its weights from (zero3), or null: from its
   /// parameters.
   virtual nn::WeightSource* weight_source() { return nullptr; }

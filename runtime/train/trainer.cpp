@@ -397,6 +397,7 @@ StepStats Trainer::step() {
   s.optimizer_state_bytes = strategy_->optimizer_state_bytes();
   s.gradient_bytes = strategy_->gradient_bytes();
   s.parameter_bytes = strategy_->parameter_bytes();
+  s.compute_copy_bytes = strategy_->compute_copy_bytes();
   if (compile_) {
     const fusion::LazyStats after = fusion::lazy_stats();
     s.compiled = true;

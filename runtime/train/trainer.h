@@ -92,6 +92,7 @@ struct StepStats {
   uint64_t optimizer_state_bytes = 0;  // AdamW m and v held by this rank
   uint64_t gradient_bytes = 0;         // gradient buffers this rank keeps between steps
   uint64_t parameter_bytes = 0;        // f32 parameters this rank keeps between steps
+  uint64_t compute_copy_bytes = 0;     // the bf16 copies of them a forward takes (Note [Compute copies])
   bool compiled = false;               // train.compile was in effect (the next five are set)
   double compile_s = 0;                // seconds spent compiling (or loading) fusion kernels in this step
   int64_t fused_groups = 0;            // fusion groups this step computed

@@ -119,6 +119,7 @@ TEST_F(TrainDist, EveryStrategyMatchesOneProcess) {
                                                         : strategy == "ddp" ? flat
                                                                             : flat * np)))
           << tag << ": parameter bytes on rank 0";
+      EXPECT_EQ(got.front().at("compute_copy_bytes").get<uint64_t>(), 0u) << tag << ": fp32 keeps no copies";
       std::printf(
           "%s: max relative loss difference %.3e; weights %.3e overall, worst %.3e (%s); on rank 0: AdamW "
           "state %.3f and parameters %.3f of one process's\n",
@@ -151,6 +152,12 @@ TEST_F(TrainDist, Bf16OneProcessDdpAndZero3GiveTheSameBits) {
   const std::vector<nlohmann::json> ref = jsonl_rows(file("one.jsonl"));
   ASSERT_EQ(ref.size(), 8u);
   const WeightFile wref = load_weights(file("one.h5"));
+  // The bf16 copies of the weights (Note [Compute copies]): 2 bytes for each
+  // parameter but those the model keeps in f32, which are few.
+  const auto copies = ref.front().at("compute_copy_bytes").get<uint64_t>(),
+             masters = ref.front().at("parameter_bytes").get<uint64_t>();
+  EXPECT_LE(copies, masters / 2);
+  EXPECT_GT(copies, masters / 4) << "one process under bf16 keeps bf16 copies of its weights";
   for (const std::string strategy : {"ddp", "zero3"}) {
     Result r = run(test::mpirun_prefix(2) + bf16 + " --set dist.strategy=" + strategy + " --metrics " +
                    file(strategy + ".jsonl") + " --save-weights " + file(strategy + ".h5"));
@@ -170,6 +177,8 @@ TEST_F(TrainDist, Bf16OneProcessDdpAndZero3GiveTheSameBits) {
     const WeightDiff wd = weight_diff(load_weights(file(strategy + ".h5")).tensors, wref.tensors);
     EXPECT_TRUE(wd.identical) << strategy << ": final weights differ from one process's, most in " << wd.where
                               << " (" << wd.worst << " relative)";
+    EXPECT_EQ(got.front().at("compute_copy_bytes").get<uint64_t>(), strategy == "ddp" ? copies : 0)
+        << strategy << ": ddp keeps every copy on every rank, zero3 casts its gathered units";
   }
 }
 

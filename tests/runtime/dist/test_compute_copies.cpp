@@ -181,6 +181,9 @@ TEST(ComputeCopies, StepsGiveTheBitsOfStepsThatCastEveryForward) {
       copies->weight(master);
       EXPECT_EQ(copy.version(), v) << "served without a cast";
     }
+    // Their bytes: bf16 copies of the three matrices, none of the vector.
+    EXPECT_EQ(a->compute_copy_bytes(), 2u * (64 * 48 + 7 * 13 + 300 * 80));
+    EXPECT_EQ(b->compute_copy_bytes(), 0u) << "no copies, none counted";
     for (size_t i = 0; i < with.size(); ++i) {
       SCOPED_TRACE(with[i].name);
       EXPECT_EQ(with[i].param.to_vector<float>(), without[i].param.to_vector<float>());
