@@ -591,9 +591,8 @@ TEST(CudaAttention, F32TiledPathIsDeterministic) {
 // gives the same bits whether its scratch holds every key/value head's tiles
 // at once or one head's (spans of one head, four launches of each pass); with
 // the least scratch it recomputes dS instead, which agrees within fp32's
-// tolerance.
-// Less than the least scratch is refused. Grouped queries (G = 2), and T and
-// B H T multiples of 64, so that the tiles start right after Di.
+// tolerance; less than the least is refused. Grouped queries (G = 2), and T
+// and B H T multiples of 64, so that the tiles start right after Di.
 TEST(CudaAttention, F32TiledBackwardThroughDsInSpans) {
   BT_SKIP_WITHOUT_GPU();
   BT_SEED(seed);
