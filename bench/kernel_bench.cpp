@@ -53,6 +53,7 @@
 #include "kernels/attention.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/dtype.h"
+#include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/random.h"
@@ -345,6 +346,23 @@ double layernorm_backward_gbps(Timer& timer, cudaStream_t s, DType dt, size_t x_
   return bytes / (ms * 1e-3) / 1e9;
 }
 
+/// The MLP's GELU backward in one pass (Note [The MLP's GELU backward in one
+/// pass]) on rows x cols of dt: dH becomes dPre, h is rebuilt, dPre's columns
+/// summed into f32. Counts the reads of pre and dH and the writes of dPre and h.
+double gelu_backward_fused_gbps(Timer& timer, cudaStream_t s, DType dt, int64_t rows, int64_t cols) {
+  const size_t n = static_cast<size_t>(rows * cols), es = bt::dtype_size(dt);
+  Dev pre(n * es), g(n * es), h(n * es), sums(static_cast<size_t>(cols) * 4),
+      scratch(std::max<size_t>(cuda::gelu_backward_fused_scratch_floats(rows, cols), 1) * 4);
+  fill_random(dt, pre.p, rows * cols, 18, -3.0f, 3.0f, s);
+  fill_random(dt, g.p, rows * cols, 19, -1.0f, 1.0f, s);
+  const double ms = timer.median_ms(
+      [&] {
+        cuda::gelu_backward_fused(dt, pre.p, g.p, h.p, sums.as<float>(), rows, cols, scratch.as<float>(), s);
+      },
+      s);
+  return 4.0 * static_cast<double>(n * es) / (ms * 1e-3) / 1e9;
+}
+
 /// A bias gradient: the column sums of `bytes` of dt rows of `cols`, into f32
 /// (the split pass, as gemm's bias_grad_sum runs it); bytes read per second.
 double column_sums_gbps(Timer& timer, cudaStream_t s, DType dt, size_t bytes, int64_t cols) {
@@ -552,6 +570,9 @@ int main(int argc, char** argv) {
       const double lb = layernorm_backward_gbps(timer, s, DType::BF16, bytes, 768);
       rows.push_back({"LayerNorm bwd + residual grad bf16, 16384 x 768 (GPT-2 124M)", mib(bytes) + " x",
                       "GB/s", lb, copy, "D2D copy"});
+      const double gb = gelu_backward_fused_gbps(timer, s, DType::BF16, 16384, 3072);
+      rows.push_back({"MLP GELU bwd in one pass (dPre, h, bias grad) bf16, 16384 x 3072 (GPT-2 124M)",
+                      mib(size_t{16384} * 3072 * 2) + " x", "GB/s", gb, copy, "D2D copy"});
     }
     std::vector<size_t> sizes;
     if (want("memory")) sizes.push_back(size_t{64} << 20);

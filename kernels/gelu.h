@@ -19,6 +19,16 @@ void gelu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n)
 namespace cuda {
 void gelu_forward(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
 void gelu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n, cudaStream_t stream);
+/// An MLP's GELU backward over row-major [rows, cols], F32 or BF16, in one
+/// pass (Note [The MLP's GELU backward in one pass], kernels/cuda/gelu.cu):
+/// g (dL/dh on entry) becomes dpre = g * gelu'(pre), with gelu_backward's
+/// bits; h, if non-null, receives gelu(pre), gelu_forward's bits; bias_grad,
+/// if non-null, receives dpre's column sums in F32, the bits of reduce_dim
+/// (Sum into F32, with scratch) over dpre. scratch holds
+/// gelu_backward_fused_scratch_floats(rows, cols) floats when bias_grad is set.
+void gelu_backward_fused(DType dt, const void* pre, void* g, void* h, float* bias_grad, int64_t rows,
+                         int64_t cols, float* scratch, cudaStream_t stream);
+size_t gelu_backward_fused_scratch_floats(int64_t rows, int64_t cols);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

@@ -134,17 +134,21 @@ __device__ __forceinline__ float dev_f16_bits_to_float(uint16_t h) {
 inline constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2/pi)
 inline constexpr float kGeluK1 = 0.044715f;
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float u = kGeluK0 * (x + kGeluK1 * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
-}
-/// d gelu(x) / dx
-__device__ __forceinline__ float gelu_tanh_grad(float x) {
-  const float x2 = x * x;
-  const float t = tanhf(kGeluK0 * (x + kGeluK1 * x2 * x));
-  const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * x2);
+// gelu and gelu' share t = tanh(u): a pass that needs both computes t once
+// and gives the bits of the two functions (Note [The MLP's GELU backward in
+// one pass], kernels/cuda/gelu.cu).
+/// t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3)
+__device__ __forceinline__ float gelu_tanh_t(float x) { return tanhf(kGeluK0 * (x + kGeluK1 * x * x * x)); }
+/// gelu(x) from t = gelu_tanh_t(x)
+__device__ __forceinline__ float gelu_from_t(float x, float t) { return 0.5f * x * (1.0f + t); }
+/// d gelu(x) / dx from t = gelu_tanh_t(x)
+__device__ __forceinline__ float gelu_grad_from_t(float x, float t) {
+  const float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * (x * x));
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
+__device__ __forceinline__ float gelu_tanh(float x) { return gelu_from_t(x, gelu_tanh_t(x)); }
+/// d gelu(x) / dx
+__device__ __forceinline__ float gelu_tanh_grad(float x) { return gelu_grad_from_t(x, gelu_tanh_t(x)); }
 
 // ---------------------------------------------------------------- vectors
 /// N elements of T loaded/stored as one aligned access (16 bytes for the fast paths).

@@ -8,12 +8,13 @@
 // float partial per (output, chunk), pass 2 adds each output's S partials in
 // chunk order. The result is deterministic and independent of the device.
 // With inner > 1, pass 1 reads 16 bytes a thread where rows allow it (Note
-// [Column sums 16 bytes a thread]).
+// [Column sums 16 bytes a thread], kernels/cuda/column_sums.cuh).
 // Max propagates NaN; argmax is the index of the first maximum (first NaN if any).
 // Every kernel reads T and writes O: T, or float for a BF16 Sum/Mean into F32.
 #include <algorithm>
 #include <climits>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/reduce.h"
 
@@ -208,83 +209,17 @@ __global__ void reduce_split_kernel(const T* __restrict__ in, float* __restrict_
   }
 }
 
-// Note [Column sums 16 bytes a thread]
-// A bias gradient sums 16384 rows of up to 3072 columns. Split pass 1 with a
-// thread per column reads 64 bytes of a bf16 row per warp, 2 bytes a load:
-// 47 us for the 100 MB of GPT-2's fc bias gradient on an H100 (2.1 TB/s).
-// reduce_split_vec_kernel gives each thread V = 16 / sizeof(T) adjacent
-// columns, read as one 16-byte load per row (a warp reads 512 contiguous
-// bytes of a bf16 row), 4 rows in flight. Each column's sum keeps the
-// scalar kernel's order -- thread row y adds rows lo + y, lo + y + 8, ... of
-// the chunk, then the 8 partials in y order -- and the chunk bounds do not
-// depend on which kernel runs (split_chunks), so both give the same bits and
-// an unaligned input changes nothing but the speed.
+/// Split pass 1, 16 bytes a thread (Note [Column sums 16 bytes a thread] in
+/// kernels/cuda/column_sums.cuh).
 template <typename T>
 __global__ void __launch_bounds__(256)
     reduce_split_vec_kernel(const T* __restrict__ in, float* __restrict__ partial, int64_t outer, int64_t dim,
                             int64_t inner, int64_t inner_tiles, int64_t chunk) {
-  constexpr int V = 16 / sizeof(T);
-  __shared__ float sv[8][32 * V + 1];
   const int64_t o = static_cast<int64_t>(blockIdx.x) / inner_tiles;
   const int64_t it = static_cast<int64_t>(blockIdx.x) % inner_tiles;
   const int64_t c = blockIdx.y;
-  const int64_t lo = c * chunk, hi = min(dim, lo + chunk);
-  const int64_t col = (it * 32 + threadIdx.x) * V;  // this thread's first column
-  float sum[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) sum[v] = 0.0f;
-  if (col < inner) {
-    const T* p = in + o * dim * inner + col;
-    auto add = [&](const Pack<T, V>& x) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) sum[v] += to_float(x.v[v]);
-    };
-    int64_t j = lo + threadIdx.y;
-    for (; j + 24 < hi; j += 32) {  // 4 rows in flight, added in row order
-      const Pack<T, V> a = *reinterpret_cast<const Pack<T, V>*>(p + j * inner);
-      const Pack<T, V> b = *reinterpret_cast<const Pack<T, V>*>(p + (j + 8) * inner);
-      const Pack<T, V> d = *reinterpret_cast<const Pack<T, V>*>(p + (j + 16) * inner);
-      const Pack<T, V> e = *reinterpret_cast<const Pack<T, V>*>(p + (j + 24) * inner);
-      add(a), add(b), add(d), add(e);
-    }
-    for (; j < hi; j += 8) add(*reinterpret_cast<const Pack<T, V>*>(p + j * inner));
-  }
-#pragma unroll
-  for (int v = 0; v < V; ++v) sv[threadIdx.y][threadIdx.x * V + v] = sum[v];
-  __syncthreads();
-  // 256 threads combine the block's 32 V columns, each in y order.
-  for (int k = threadIdx.y * 32 + threadIdx.x; k < 32 * V; k += 256) {
-    const int64_t cc = it * 32 * V + k;
-    if (cc >= inner) continue;
-    float s = 0.0f;
-    for (int y = 0; y < 8; ++y) s += sv[y][k];
-    partial[(c * outer + o) * inner + cc] = s;
-  }
-}
-
-/// Split pass 2: out[i] = sum over chunks c (in order) of partial[c * n + i].
-template <typename O, ReduceOp kOp>
-__global__ void reduce_partials_kernel(const float* __restrict__ partial, O* __restrict__ out, int64_t n,
-                                       int64_t chunks, int64_t dim) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + i];
-  stf(out + i, kOp == ReduceOp::Mean ? s / static_cast<float>(dim) : s);
-}
-
-constexpr int64_t kSplitBlocks = 512;  // blocks the split pass aims for
-constexpr int64_t kMinChunk = 4096;    // rows per chunk at least (inner == 1)
-constexpr int64_t kMinColChunk = 256;  // rows per chunk at least (inner > 1)
-constexpr int64_t kColTile = 256;      // columns per block, counted for the split (inner > 1)
-
-/// Chunks for the split pass, or 1 when the one-pass grid is wide enough.
-/// Sizes only: the scalar and 16-byte kernels cut `dim` alike.
-int64_t split_chunks(int64_t outer, int64_t dim, int64_t inner) {
-  const int64_t blocks = inner == 1 ? outer : ceil_div(inner, kColTile) * outer;
-  const int64_t min_chunk = inner == 1 ? kMinChunk : kMinColChunk;
-  if (blocks >= kSplitBlocks / 2 || dim < 2 * min_chunk) return 1;
-  return std::min(ceil_div(kSplitBlocks, blocks), ceil_div(dim, min_chunk));
+  column_partials_vec<T>(PlainRows<T>{in + o * dim * inner, inner}, partial + (c * outer + o) * inner, dim,
+                            inner, it, c, chunk);
 }
 
 template <typename T, typename O, ReduceOp kOp>

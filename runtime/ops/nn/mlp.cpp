@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <tuple>
 
+#include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "runtime/autograd/function.h"
 #include "runtime/autograd/recompute.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/gemm_call.h"
 #include "runtime/ops/nn/gelu.h"
+#include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt {
@@ -19,12 +21,25 @@ namespace bt {
 // dPre = gelu'(pre) * dH (the GELU backward kernel: three passes over a
 // [rows, 4C] activation, about 3% of a bf16 GPT-2 step on an H100), then the
 // first layer's GEMMs, its bias gradient in the weight gradient's epilogue.
-// As one op, dH's GEMM takes the GELU's derivative in its epilogue
+// As one op, in f32 dH's GEMM takes the GELU's derivative in its epilogue
 // (DGeluBgrad, Note [GELU-gradient epilogue] in kernels/gemm.h), which also
 // sums dPre's columns into b1's gradient: dH is never stored, and W1's
 // weight-gradient GEMM needs no bias-gradient epilogue. W2's gradients come
 // first, from h (rebuilt under selective recompute), and h is dropped before
 // dPre is made, so the backward holds one [rows, 4C] buffer besides pre.
+//   In bf16 the order differs. cuBLASLt runs the DGELU epilogue in a kernel
+// slower than its plain GEMMs, and b1's gradient is summed by a pass after
+// it. On an H200 for GPT-2's 16384 x 3072 x 768, per layer (bench/RESULTS.md,
+// issue 18 step 15): 166 us for the DGELU GEMM, 55 for h's rebuild and 27 for
+// the sums, against 110 for a plain GEMM and 123 for one pass over pre and dH
+// (gelu_grad_in_place, Note [The MLP's GELU backward in one pass] in
+// kernels/cuda/gelu.cu) that turns dH into dPre, sums dPre's columns into
+// b1's gradient and, where selective recompute dropped h, rebuilds h with the
+// bits gelu() gives. W2's gradients follow, from that h. This holds dPre and
+// h together, one [rows, 4C] buffer more than the f32 order, for the span of
+// W2's weight-gradient GEMM (GPT-2's step peak stayed at 6.21 GiB). dPre is
+// rounded to bf16 from dH in bf16, as the unfused ops and PyTorch's GELU
+// backward round it, where the epilogue rounded once from f32.
 //   The forward is the one the two linears run (runtime/ops/matmul.cpp):
 // under selective recompute with a graph, and always under full (Note
 // [Checkpointed regions]), GELU is its own kernel on pre, so that h's recipe
@@ -70,6 +85,35 @@ Tensor gelu_grad_matmul(const Tensor& gy, const Tensor& w, const Tensor& pre, Te
   }
   detail::run_gemm(g, gy.device());
   return dpre;
+}
+
+/// dh (dL/dh, [rows, hidden], contiguous) becomes dPre = dh * gelu'(pre) in
+/// place; h, when asked, receives gelu(pre), the bits gelu() gives; the
+/// result is dPre's column sums in F32 when asked (b1's gradient), else
+/// undefined (Note [The MLP's GELU backward in one pass]).
+Tensor gelu_grad_in_place(const Tensor& pre, const Tensor& dh, Tensor* h, bool bias) {
+  BT_ASSERT(pre.is_contiguous() && dh.is_contiguous() && pre.shape() == dh.shape() && dh.dim() == 2 &&
+            pre.dtype() == dh.dtype());
+  if (h) *h = empty(dh.shape(), dh.options());
+  Tensor gb;
+  detail::on_device(
+      dh.device(),
+      [&] {
+        kernels::cpu::gelu_backward(dh.dtype(), pre.data_ptr(), dh.data_ptr(), dh.data_ptr(), dh.numel());
+        if (h) kernels::cpu::gelu_forward(dh.dtype(), pre.data_ptr(), h->data_ptr(), dh.numel());
+        if (bias) gb = sum(dh, {0}, false, DType::F32);
+      },
+      BT_CUDA_LAMBDA({
+        const int64_t rows = dh.size(0), hidden = dh.size(1);
+        if (bias) gb = empty({hidden}, dh.options().with_dtype(DType::F32));
+        const size_t n = bias ? kernels::cuda::gelu_backward_fused_scratch_floats(rows, hidden) : 0;
+        Tensor scratch =
+            n ? empty({static_cast<int64_t>(n)}, TensorOptions{DType::F32, dh.device()}) : Tensor();
+        kernels::cuda::gelu_backward_fused(dh.dtype(), pre.data_ptr(), dh.data_ptr(),
+                                           h ? h->data_ptr() : nullptr, bias ? gb.data<float>() : nullptr,
+                                           rows, hidden, n ? scratch.data<float>() : nullptr, stream);
+      }));
+  return gb;
 }
 
 void check_layer(const Tensor& x, const Tensor& w, const Tensor& b, const char* w_name, const char* b_name) {
@@ -126,6 +170,18 @@ Tensor mlp(const Tensor& x, const Tensor& fc_w, const Tensor& fc_b, const Tensor
                      Tensor gy = g[0].reshape({-1, out}).contiguous();
                      // Note [Gradients in a wider dtype]: f32 gradients for bf16 copies of f32 masters.
                      const DType gdt = gy.dtype() == DType::BF16 ? DType::F32 : gy.dtype();
+                     if (gy.dtype() == DType::BF16) {
+                       // Note [Fused MLP backward]: a plain GEMM, then one pass.
+                       Tensor dpre = detail::matmul_raw(gy, sw2.unpack());
+                       Tensor h = sh.recomputed() ? Tensor() : sh.unpack();
+                       Tensor gb1 =
+                           gelu_grad_in_place(spre.unpack(), dpre, h.defined() ? nullptr : &h, has_b1);
+                       auto [gw2, gb2] = detail::weight_and_bias_grad(gy, h, gdt, has_b2);
+                       h = Tensor();
+                       Tensor gw1 = detail::matmul_raw(dpre.t(), sx.unpack(), gdt);
+                       Tensor gx = detail::matmul_raw(dpre, sw1.unpack()).reshape(xs);
+                       return {gx, gw1, gb1, gw2, gb2};
+                     }
                      // W2's gradients first: h (rebuilt under selective recompute) is
                      // dropped before dPre is made (Note [Fused MLP backward]).
                      Tensor gw2, gb2;

@@ -1,6 +1,7 @@
 // The transformer MLP, two linear layers around a GELU, as one
-// differentiable op whose backward takes the GELU's gradient in a GEMM
-// epilogue (Note [Fused MLP backward] in runtime/ops/nn/mlp.cpp).
+// differentiable op whose backward fuses the GELU's gradient: into a GEMM
+// epilogue in f32, into one pass after a plain GEMM in bf16 (Note [Fused MLP
+// backward] in runtime/ops/nn/mlp.cpp).
 #pragma once
 
 #include "runtime/tensor/tensor.h"
