@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -130,6 +131,27 @@ __device__ __forceinline__ float dev_f16_bits_to_float(uint16_t h) {
   return bits_f32(out);
 }
 
+/// Sets every float of a register array of any rank to 0, unrolled (the
+/// accumulators of the attention kernels' tile products).
+template <typename A>
+__device__ __forceinline__ void zero(A& x) {
+  if constexpr (std::is_array_v<A>) {
+#pragma unroll
+    for (auto& e : x) zero(e);
+  } else {
+    x = 0.0f;
+  }
+}
+
+/// 2^x in one MUFU.EX2. Results below 2^-126 flush to zero: far below what
+/// changes a softmax sum that is at least 1, or a bf16 operand of attention's
+/// tile products, the uses it has (attention, bf16 cross-entropy).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---------------------------------------------------------------- GELU (tanh)
 inline constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2/pi)
 inline constexpr float kGeluK1 = 0.044715f;
@@ -221,6 +243,24 @@ inline int sm_count() {
     cache[dev].store(n, std::memory_order_relaxed);
   }
   return n;
+}
+
+/// The most dynamic shared memory a block of the current device can take
+/// (the opt-in limit).
+inline size_t smem_optin_bytes() {
+  int dev = 0, optin = 0;
+  BT_CUDA_CHECK(cudaGetDevice(&dev));
+  BT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<size_t>(optin);
+}
+
+/// Lets `kernel` launch with `smem` bytes of dynamic shared memory: past the
+/// default 48 KiB a kernel has to opt in.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t smem) {
+  if (smem > 48 * 1024)
+    BT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
 /// Blocks for a grid-stride loop over `n` work items with `threads` per block,

@@ -34,20 +34,13 @@ constexpr int kThreads = 512;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-/// 2^x in one MUFU.EX2 (Note [A bf16 row in shared memory]).
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 /// exp(x - lse): accurate expf for f32, ex2.approx for bf16 (Note [A bf16 row in shared memory]).
 template <typename T>
 __device__ __forceinline__ float exp_minus(float x, float lse) {
   if constexpr (std::is_same_v<T, float>)
     return expf(x - lse);
   else
-    return ex2_approx(fmaf(x, kLog2e, -lse * kLog2e));
+    return fast_exp2(fmaf(x, kLog2e, -lse * kLog2e));
 }
 
 template <typename T>
@@ -203,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
   float s = 0.0f;
   if (m != -INFINITY) {
     const float ml = m * kLog2e;
-    each([&](float x) { s += ex2_approx(fmaf(x, kLog2e, -ml)); });
+    each([&](float x) { s += fast_exp2(fmaf(x, kLog2e, -ml)); });
   }
   s = block_sum(s, red);
   const float lse = m + logf(s);
@@ -238,14 +231,9 @@ bool ce_rows_in_smem(const CrossEntropyArgs& a, float* loss, float* lse, float d
     const auto* pl = static_cast<const bf16_t*>(a.logits);
     auto* pd = static_cast<bf16_t*>(dlogits);
     if (a.ld % 8 != 0 || !aligned_to(pl, 16) || (kGrad && !aligned_to(pd, 16))) return false;
-    int dev = 0, optin = 0;
-    BT_CUDA_CHECK(cudaGetDevice(&dev));
-    BT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const size_t smem = static_cast<size_t>(a.ld) * sizeof(bf16_t);
-    if (smem + 33 * sizeof(float) > static_cast<size_t>(optin)) return false;
-    if (smem > 48 * 1024)
-      BT_CUDA_CHECK(cudaFuncSetAttribute(
-          ce_row_smem_kernel<kGrad>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (smem + 33 * sizeof(float) > smem_optin_bytes()) return false;
+    allow_smem(ce_row_smem_kernel<kGrad>, smem);
     ce_row_smem_kernel<kGrad><<<static_cast<unsigned>(a.rows), kThreads, smem, stream>>>(
         pl, a.vocab, a.ld, a.targets, loss, lse, dl, pd);
     BT_KERNEL_CHECK();

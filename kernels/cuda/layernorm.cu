@@ -668,20 +668,15 @@ void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w,
     const bool vec_ok = cols % V == 0 && aligned_to(pdy, 16) && aligned_to(px, 16) && aligned_to(pw, 16) &&
                         aligned_to(pdx, 16) && aligned_to(pdr, 16);
     const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
-    int dev = 0, optin = 0;
-    BT_CUDA_CHECK(cudaGetDevice(&dev));
-    BT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     // K <= 8, and the partials fit the block's shared memory (Note [LayerNorm
     // backward partials in shared memory]); else the generic kernel.
     const bool launched = with_k<8>(k, [&](auto kc) {
       constexpr int K = decltype(kc)::value;
       const size_t smem = ln_bwd_smem_bytes<T>(K);
-      if (smem > static_cast<size_t>(optin)) return false;
+      if (smem > smem_optin_bytes()) return false;
       // Two rows' packs in flight where they fit the registers (3 tensors x K packs x 4 registers each).
       auto kernel = ln_bwd_fast_kernel<T, W, K, (K <= 4)>;
-      if (smem > 48 * 1024)
-        BT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
+      allow_smem(kernel, smem);
       kernel<<<blocks, kThreads, smem, stream>>>(pdy, px, pw, mean, rstd, pdr, pdx, part_w, part_b, rows,
                                                  static_cast<int>(cols), nparts);
       return true;

@@ -16,8 +16,9 @@ namespace bt::kernels::cuda::detail {
 void attention_forward_f32(const AttnForward& a, cudaStream_t stream);
 /// Floats of scratch with which attention_backward_f32 runs through dS in
 /// memory (Note [dS through memory in fp32] in attention_f32.cu): Di, then the
-/// dS tiles of as many key/value heads as fit in 256 MiB; Di alone ([B, H, T])
-/// when one head's tiles do not.
+/// dS tiles of as many key/value heads as fit in 256 MiB; 0 when one head's
+/// tiles do not, and the least scratch (attention_backward_scratch_floats of
+/// the shape, Di alone) runs the recomputing passes.
 size_t attention_backward_f32_scratch_floats(const AttnShape& s);
 /// The backward into `scratch` of `scratch_floats` floats (at least [B, H, T]
 /// for Di): through dS in memory when it holds one key/value head's tiles

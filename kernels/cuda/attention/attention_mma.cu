@@ -114,12 +114,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnF
   typename Ops::A qf[MT][KS];
   float o[MT][DT][4];
   float m[MT][2], l[MT][2];
+  zero(o);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.0f;
   }
@@ -138,12 +135,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_mma_kernel(const AttnF
     const E* vb = vs + (kt & 1) * BN * D;
     if (k0 <= wq_last && wq0 < T) {  // warp-uniform: some key of the tile is visible to the warp
       float s[MT][NTL][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NTL; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+      zero(s);
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
         typename Ops::AOp qa[MT];
@@ -223,10 +215,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   const int64_t wk0 = blk.k0 + wrow, T = blk.T;
   typename Ops::A kf[KS], vf[KS];
   float dk[DT][4], dv[DT][4];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  zero(dk);
+  zero(dv);
 
   for (int64_t gh = 0; gh < blk.G; ++gh)
     for (int64_t qt = blk.qt0; qt < blk.nqt; ++qt) {
@@ -244,10 +234,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
       const int64_t qq0 = qt * BM;
       if (qq0 + BM - 1 >= wk0 && wk0 < T) {  // warp-uniform: some query of the tile sees some key
         float st[NQ][4], dpt[NQ][4];
-#pragma unroll
-        for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+        zero(st);
+        zero(dpt);
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
           const auto& ka = Ops::prep(kf[kk]);
@@ -310,10 +298,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
   blk.row_stats(lse2, dii, wq0, p, lane);
   typename Ops::A qf[KS], dof[KS];
   float dq[DT][4];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+  zero(dq);
 
   for (int kt = 0; kt < blk.nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
@@ -330,10 +315,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const E* vb = vs + (kt & 1) * BN * D;
     if (k0 <= wq0 + 15 && wq0 < T) {
       float s[NTL][4], dp[NTL][4];
-#pragma unroll
-      for (int nt = 0; nt < NTL; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+      zero(s);
+      zero(dp);
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
         const auto& qa = Ops::prep(qf[kk]);

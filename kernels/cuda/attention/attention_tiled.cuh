@@ -100,9 +100,7 @@ inline unsigned blocks_for(const AttnShape& s, int64_t heads, int64_t tiles, con
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, unsigned blocks, int threads, size_t smem, cudaStream_t stream,
             const Args&... args) {
-  if (smem > 48 * 1024)
-    BT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_smem(kernel, smem);
   kernel<<<blocks, threads, smem, stream>>>(args...);
   BT_KERNEL_CHECK();
 }

@@ -97,14 +97,6 @@ __device__ __forceinline__ void store_rows(const typename Ops::E* tile, int r0, 
   }
 }
 
-/// 2^x in one MUFU.EX2 (results below 2^-126 flush to zero: no probability that
-/// small changes a sum that is at least 1, nor a bf16 operand of the tile products).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));

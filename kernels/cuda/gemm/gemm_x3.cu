@@ -76,19 +76,19 @@ __device__ __forceinline__ Tf32Parts tf32_parts(float x) {
 }
 
 /// For each of `items` matrices of rows x cols (K along the columns) at src +
-/// b * src_stride (ld), `segs` copies along K at dst + b * dst_stride: each
+/// b * src_stride (ld), `segs` copies along K at dst + b * segs rows cols: each
 /// row becomes [seg 0 | seg 1 (| seg 2)], segment s holding the small TF32
 /// parts when bit s of small_mask is set, else the big ones (Note
 /// [K-contiguous copies]). The y blocks walk the rows, the x threads a row's columns:
 /// coalesced on both sides, one division per row. The path of any alignment;
 /// split_x3_vec_kernel is the usual one (Note [Splitting at copy bandwidth]).
 __global__ void split_x3_kernel(const float* __restrict__ src, int64_t ld, int64_t src_stride,
-                                float* __restrict__ dst, int64_t dst_stride, int64_t rows, int64_t cols,
-                                int64_t items, int segs, unsigned small_mask) {
+                                float* __restrict__ dst, int64_t rows, int64_t cols, int64_t items, int segs,
+                                unsigned small_mask) {
   for (int64_t row = blockIdx.y; row < items * rows; row += gridDim.y) {
     const int64_t b = row / rows, r = row % rows;
     const float* s = src + b * src_stride + r * ld;
-    float* d = dst + b * dst_stride + r * segs * cols;
+    float* d = dst + (b * rows + r) * segs * cols;
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < cols;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       const Tf32Parts x = tf32_parts(s[j]);
@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kVecThreads)
 /// is blockIdx.z. Note [K-contiguous copies]. The path of any alignment;
 /// split_x3_t_vec_kernel is the usual one.
 __global__ void split_x3_t_kernel(const float* __restrict__ src, int64_t ld, int64_t src_stride,
-                                  float* __restrict__ dst, int64_t dst_stride, int64_t rows, int64_t cols,
-                                  int segs, unsigned small_mask) {
+                                  float* __restrict__ dst, int64_t rows, int64_t cols, int segs,
+                                  unsigned small_mask) {
   __shared__ float big_t[32][33], small_t[32][33];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 32, c0 = static_cast<int64_t>(blockIdx.x) * 32;
   const float* s = src + static_cast<int64_t>(blockIdx.z) * src_stride;
@@ -166,7 +166,7 @@ __global__ void split_x3_t_kernel(const float* __restrict__ src, int64_t ld, int
     small_t[i][threadIdx.x] = x.small;
   }
   __syncthreads();
-  float* d = dst + static_cast<int64_t>(blockIdx.z) * dst_stride;
+  float* d = dst + static_cast<int64_t>(blockIdx.z) * segs * rows * cols;
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
     if (c >= cols || r >= rows) continue;
@@ -184,7 +184,7 @@ constexpr int kTileK = 128, kTileC = 64;
 /// copy bandwidth].
 __global__ void __launch_bounds__(kVecThreads)
     split_x3_t_vec_kernel(const float* __restrict__ src, int64_t ld, int64_t src_stride,
-                          float* __restrict__ dst, int64_t dst_stride, int64_t rows, int64_t cols, int segs,
+                          float* __restrict__ dst, int64_t rows, int64_t cols, int segs,
                           unsigned small_mask) {
   __shared__ float tile[kTileK][kTileC + 1];
   constexpr int kInPacks = kTileC / 4, kOutPacks = kTileK / 4;  // packs of a tile row, of a copy's row
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kVecThreads)
     }
   }
   __syncthreads();
-  float* d = dst + static_cast<int64_t>(blockIdx.z) * dst_stride;
+  float* d = dst + static_cast<int64_t>(blockIdx.z) * segs * rows * cols;
   const int p = threadIdx.x % kOutPacks, j0 = threadIdx.x / kOutPacks;
 #pragma unroll
   for (int t = 0; t < kSteps; ++t) {
@@ -333,8 +333,8 @@ void gemm_x3(const GemmArgs& a, const GemmPieces& p, float* scratch, cudaStream_
     }
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, kThreads), 65535)),
                     static_cast<unsigned>(std::min<int64_t>(items * rows, 65535)));
-    split_x3_kernel<<<grid, kThreads, 0, stream>>>(src, ld, src_stride, dst, segs * rows * cols, rows, cols,
-                                                   items, segs, mask_of(small));
+    split_x3_kernel<<<grid, kThreads, 0, stream>>>(src, ld, src_stride, dst, rows, cols, items, segs,
+                                                   mask_of(small));
     BT_KERNEL_CHECK();
   };
   // An operand with K along its rows (rows = K): transposed into K-contiguous copies.
@@ -345,15 +345,15 @@ void gemm_x3(const GemmArgs& a, const GemmPieces& p, float* scratch, cudaStream_
     if (packs(src, ld, src_stride, items) && rows % 4 == 0 && cols % 4 == 0) {
       const dim3 grid(static_cast<unsigned>(ceil_div(rows, kTileK)),
                       static_cast<unsigned>(ceil_div(cols, kTileC)), static_cast<unsigned>(items));
-      split_x3_t_vec_kernel<<<grid, kVecThreads, 0, stream>>>(src, ld, src_stride, dst, segs * rows * cols,
-                                                              rows, cols, segs, mask_of(small));
+      split_x3_t_vec_kernel<<<grid, kVecThreads, 0, stream>>>(src, ld, src_stride, dst, rows, cols, segs,
+                                                              mask_of(small));
       BT_KERNEL_CHECK();
       return;
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(ceil_div(rows, 32)),
                     static_cast<unsigned>(items));
-    split_x3_t_kernel<<<grid, dim3(32, 8), 0, stream>>>(src, ld, src_stride, dst, segs * rows * cols, rows,
-                                                        cols, segs, mask_of(small));
+    split_x3_t_kernel<<<grid, dim3(32, 8), 0, stream>>>(src, ld, src_stride, dst, rows, cols, segs,
+                                                        mask_of(small));
     BT_KERNEL_CHECK();
   };
   // Which piece of each operand scratch holds now: (batch item, row or column, k).

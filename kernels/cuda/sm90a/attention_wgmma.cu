@@ -65,10 +65,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_fwd_wgmma_kernel(const A
   const bf16_t* qgroup = qs + wg * 64 * D;
   float o[DT][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  zero(o);
 
   for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * BN;

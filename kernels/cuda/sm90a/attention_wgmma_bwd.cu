@@ -56,6 +56,19 @@ namespace {
 using Ops = Bf16Ops;
 constexpr int kD = 64;
 
+/// Both passes' first products over D = 64, issued together and waited for:
+/// s = A_s B_s^T and dp = A_p B_p^T, A a warpgroup's 64 rows, B a tile of N
+/// rows (S or S^T, dP or dP^T).
+template <int N>
+__device__ __forceinline__ void scores_and_dp(float (&s)[N / 8][4], const bf16_t* as, const bf16_t* bs,
+                                              float (&dp)[N / 8][4], const bf16_t* ap, const bf16_t* bp) {
+  wgmma_fence();
+  wgmma_abt_d64<N>(flat<N>(s), as, bs);
+  wgmma_abt_d64<N>(flat<N>(dp), ap, bp);
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+
 // ------------------------------------------------------------------ dK, dV
 template <int NWG, int BM, int MINB, bool GQA>
 __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dkdv_wgmma_kernel(const AttnBwdParams<bf16_t> p) {
@@ -77,10 +90,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dkdv_wgmma_kernel(co
   const bf16_t* kgroup = ks + wg * 64 * D;
   const bf16_t* vgroup = vs + wg * 64 * D;
   float dk[DT][4], dv[DT][4];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  zero(dk);
+  zero(dv);
 
   for (int64_t gh = 0; gh < blk.G; ++gh)
     for (int64_t qt = blk.qt0; qt < blk.nqt; ++qt) {
@@ -92,11 +103,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dkdv_wgmma_kernel(co
       const int64_t qq0 = qt * BM;
       if (qq0 + BM - 1 >= gk0 && gk0 < T) {  // warpgroup-uniform: some query of the tile sees some key
         float st[NQ][4], dpt[NQ][4];
-        wgmma_fence();
-        wgmma_abt_d64<BM>(flat<BM>(st), kgroup, qb);
-        wgmma_abt_d64<BM>(flat<BM>(dpt), vgroup, dob);
-        wgmma_commit();
-        wgmma_wait<0>();
+        scores_and_dp<BM>(st, kgroup, qb, dpt, vgroup, dob);
         dkdv_scores_to_grads(st, dpt, lse_s + buf * BM, di_s + buf * BM, wk0, qq0, T, p.scale_log2, lane);
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         acc_to_frags<BM>(pa, st);
@@ -137,10 +144,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dq_wgmma_kernel(cons
   const bf16_t* qgroup = qs + wg * 64 * D;
   const bf16_t* dogroup = dos + wg * 64 * D;
   float dq[DT][4];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+  zero(dq);
 
   for (int kt = 0; kt < blk.nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * BN;
@@ -151,11 +155,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dq_wgmma_kernel(cons
     const bf16_t* vb = vs + (kt & 1) * BN * D;
     if (k0 <= gq0 + 63 && gq0 < T) {  // warpgroup-uniform: some key of the tile is visible to the group
       float s[NTL][4], dp[NTL][4];
-      wgmma_fence();
-      wgmma_abt_d64<BN>(flat<BN>(s), qgroup, kb);
-      wgmma_abt_d64<BN>(flat<BN>(dp), dogroup, vb);
-      wgmma_commit();
-      wgmma_wait<0>();
+      scores_and_dp<BN>(s, qgroup, kb, dp, dogroup, vb);
       dq_scores_to_grads(s, dp, lse2, dii, wq0, k0, T, p.scale_log2, lane);  // s becomes dS
       uint32_t da[BN / 16][4];
       acc_to_frags<BN>(da, s);
