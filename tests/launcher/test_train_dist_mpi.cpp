@@ -463,7 +463,8 @@ class OneFailingRank : public TrainDist {
                                                                   << r.out;
       // Rank 0 finished step 1, and step 2 unless rank 1 failed in step 3
       // before rank 0 wrote step 2's row (seen under the sanitizers); it never
-      // finished step 3.
+      // finished step 3. Its last heartbeat is step 3's, or step 2's when rank
+      // 1 failed before rank 0 began step 3 (seen under the sanitizers too).
       const size_t rows = test::jsonl_rows(file(strategy + ".jsonl")).size();
       EXPECT_TRUE(rows == 1 || rows == 2) << tag << ": " << rows << " metrics rows\n" << r.out;
       if (launch) {
@@ -471,7 +472,9 @@ class OneFailingRank : public TrainDist {
             << tag << "\n"
             << r.out;
         const std::string status = test::read_file(file("logs_" + strategy) + "/rank-0.status");
-        EXPECT_NE(status.find(" training step 3 of 20"), std::string::npos) << tag << ": " << status;
+        EXPECT_TRUE(status.find(" training step 3 of 20") != std::string::npos ||
+                    status.find(" training step 2 of 20") != std::string::npos)
+            << tag << ": " << status;
       }
       std::printf("%s (%s): the job ended %.1f s after it started\n", tag.c_str(),
                   launch ? "blutrain launch" : "mpirun", secs);
