@@ -14,6 +14,11 @@ namespace cpu {
 void gelu_forward(DType dt, const void* x, void* y, int64_t n);
 /// dx = dy * gelu'(x)
 void gelu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n);
+/// cuda::gelu_backward_fused's contract on the CPU (F32 or BF16), as the
+/// three kernels whose bits it gives: gelu_backward in place, gelu_forward,
+/// reduce_dim's column sums into F32.
+void gelu_backward_fused(DType dt, const void* pre, void* g, void* h, float* bias_grad, int64_t rows,
+                         int64_t cols);
 }  // namespace cpu
 #ifdef BT_CUDA
 namespace cuda {

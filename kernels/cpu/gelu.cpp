@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/reduce.h"
 
 namespace bt::kernels::cpu {
 namespace {
@@ -32,6 +33,20 @@ void gelu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n)
         detail::store(pdx, i, detail::load(pdy, i) * detail::gelu_tanh_grad(detail::load(px, i)));
     });
   });
+}
+
+void gelu_backward_fused(DType dt, const void* pre, void* g, void* h, float* bias_grad, int64_t rows,
+                         int64_t cols) {
+  BT_CHECK(dt == DType::F32 || dt == DType::BF16, "gelu_backward_fused: F32 or BF16, got ", dtype_name(dt));
+  detail::check_count("gelu_backward_fused", "rows", rows);
+  detail::check_count("gelu_backward_fused", "cols", cols);
+  gelu_backward(dt, pre, g, g, rows * cols);
+  if (h) gelu_forward(dt, pre, h, rows * cols);
+  if (!bias_grad) return;
+  if (dt == DType::F32)
+    reduce_dim(ReduceOp::Sum, dt, g, bias_grad, 1, rows, cols, nullptr);
+  else
+    reduce_dim(ReduceOp::Sum, dt, DType::F32, g, bias_grad, 1, rows, cols);
 }
 
 }  // namespace bt::kernels::cpu

@@ -230,28 +230,32 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
 }
 
 // ---------------------------------------------------------------- launches
-/// Multiprocessor count of the current device (cached per device).
-inline int sm_count() {
+/// The current device's attribute A, asked of the driver once per device
+/// (devices past the 64th are asked every time).
+template <cudaDeviceAttr A>
+int cached_device_attr() {
   static std::atomic<int> cache[64] = {};
   int dev = 0;
   BT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 63;
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    BT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (n <= 0) n = 1;
-    cache[dev].store(n, std::memory_order_relaxed);
+  const bool cacheable = dev >= 0 && dev < 64;
+  int v = cacheable ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    BT_CUDA_CHECK(cudaDeviceGetAttribute(&v, A, dev));
+    if (cacheable && v > 0) cache[dev].store(v, std::memory_order_relaxed);
   }
-  return n;
+  return v;
+}
+
+/// Multiprocessor count of the current device.
+inline int sm_count() {
+  const int n = cached_device_attr<cudaDevAttrMultiProcessorCount>();
+  return n > 0 ? n : 1;
 }
 
 /// The most dynamic shared memory a block of the current device can take
 /// (the opt-in limit).
 inline size_t smem_optin_bytes() {
-  int dev = 0, optin = 0;
-  BT_CUDA_CHECK(cudaGetDevice(&dev));
-  BT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return static_cast<size_t>(optin);
+  return static_cast<size_t>(cached_device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>());
 }
 
 /// Lets `kernel` launch with `smem` bytes of dynamic shared memory: past the

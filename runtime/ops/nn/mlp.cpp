@@ -10,7 +10,6 @@
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/gemm_call.h"
 #include "runtime/ops/nn/gelu.h"
-#include "runtime/ops/reduce.h"
 #include "runtime/tensor/factory.h"
 
 namespace bt {
@@ -94,18 +93,17 @@ Tensor gelu_grad_matmul(const Tensor& gy, const Tensor& w, const Tensor& pre, Te
 Tensor gelu_grad_in_place(const Tensor& pre, const Tensor& dh, Tensor* h, bool bias) {
   BT_ASSERT(pre.is_contiguous() && dh.is_contiguous() && pre.shape() == dh.shape() && dh.dim() == 2 &&
             pre.dtype() == dh.dtype());
+  const int64_t rows = dh.size(0), hidden = dh.size(1);
   if (h) *h = empty(dh.shape(), dh.options());
-  Tensor gb;
+  Tensor gb = bias ? empty({hidden}, dh.options().with_dtype(DType::F32)) : Tensor();
   detail::on_device(
       dh.device(),
       [&] {
-        kernels::cpu::gelu_backward(dh.dtype(), pre.data_ptr(), dh.data_ptr(), dh.data_ptr(), dh.numel());
-        if (h) kernels::cpu::gelu_forward(dh.dtype(), pre.data_ptr(), h->data_ptr(), dh.numel());
-        if (bias) gb = sum(dh, {0}, false, DType::F32);
+        kernels::cpu::gelu_backward_fused(dh.dtype(), pre.data_ptr(), dh.data_ptr(),
+                                          h ? h->data_ptr() : nullptr, bias ? gb.data<float>() : nullptr,
+                                          rows, hidden);
       },
       BT_CUDA_LAMBDA({
-        const int64_t rows = dh.size(0), hidden = dh.size(1);
-        if (bias) gb = empty({hidden}, dh.options().with_dtype(DType::F32));
         const size_t n = bias ? kernels::cuda::gelu_backward_fused_scratch_floats(rows, hidden) : 0;
         Tensor scratch =
             n ? empty({static_cast<int64_t>(n)}, TensorOptions{DType::F32, dh.device()}) : Tensor();

@@ -1,10 +1,12 @@
 // tanh-GELU forward and backward against double references and finite differences.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "kernels/gelu.h"
+#include "kernels/reduce.h"
 #include "tests/kernels/cpu/kernel_test_util.h"
 
 namespace bt::test {
@@ -59,6 +61,37 @@ TEST(GeluCpu, Backward) {
       }
       EXPECT_LT(rel_err(dx.vals(), ref), std::max(tol(dt), 1e-11)) << name_of(dt) << " n=" << n;
     }
+}
+
+// gelu_backward_fused gives the bits of the three kernels it stands for.
+TEST(GeluCpu, FusedBackwardIsTheThreeKernelsBitForBit) {
+  uint32_t seed = 300;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {300, 64}}) {
+      const int64_t n = rows * cols;
+      const Buf pre = rand_buf(dt, n, seed++, 3.0), dh = rand_buf(dt, n, seed++);
+      Buf g = dh, h(dt, n), want_g = dh, want_h(dt, n);
+      std::vector<float> bias(static_cast<size_t>(cols)), want_bias(static_cast<size_t>(cols));
+      cpu::gelu_backward_fused(dt, pre.data(), g.data(), h.data(), bias.data(), rows, cols);
+      cpu::gelu_backward(dt, pre.data(), want_g.data(), want_g.data(), n);
+      cpu::gelu_forward(dt, pre.data(), want_h.data(), n);
+      if (dt == DType::F32)
+        kernels::cpu::reduce_dim(kernels::ReduceOp::Sum, dt, want_g.data(), want_bias.data(), 1, rows, cols,
+                                 nullptr);
+      else
+        kernels::cpu::reduce_dim(kernels::ReduceOp::Sum, dt, DType::F32, want_g.data(), want_bias.data(), 1,
+                                 rows, cols);
+      EXPECT_EQ(g.bytes, want_g.bytes) << name_of(dt) << " dpre " << rows << "x" << cols;
+      EXPECT_EQ(h.bytes, want_h.bytes) << name_of(dt) << " h";
+      EXPECT_EQ(bias, want_bias) << name_of(dt) << " bias gradient";
+      // Without h and the bias gradient it still writes dpre.
+      Buf g2 = dh;
+      cpu::gelu_backward_fused(dt, pre.data(), g2.data(), nullptr, nullptr, rows, cols);
+      EXPECT_EQ(g2.bytes, want_g.bytes) << name_of(dt);
+    }
+  std::vector<double> buf(4);
+  expect_error([&] { cpu::gelu_backward_fused(DType::F64, buf.data(), buf.data(), nullptr, nullptr, 2, 2); },
+               "gelu_backward_fused: F32 or BF16");
 }
 
 TEST(GeluCpu, Errors) {
