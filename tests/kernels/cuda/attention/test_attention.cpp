@@ -519,6 +519,90 @@ TEST(CudaAttention, WgmmaIsDeterministic) {
   check_deterministic(DType::BF16, 64, AttnPath::TensorCore, 2);
 }
 
+// Note [dQ in the dK/dV pass, summed in key order]: given the scratch, the
+// Hopper bf16 backward runs in one pass; with the least scratch it runs the
+// two passes. Both are checked against float64 above (WgmmaMatchesFloat64
+// gives the scratch of the one pass; TensorCorePathMatchesFloat64 runs
+// mma.sync); here, on the same inputs, dK and dV are the same bits, dQ
+// agrees within bf16's rounding (its sum runs in another order), the one
+// pass is deterministic, and grouped queries ask no more than the least
+// scratch.
+TEST(CudaAttention, WgmmaBackwardInOnePassAgreesWithTwoPasses) {
+  BT_SKIP_WITHOUT_GPU();
+  if (!cuda::attention_wgmma_available())
+    GTEST_SKIP() << "no sm_90a kernels in this build or not an sm_90 device";
+  WgmmaScope on(true);
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  for (const int64_t T : {64, 257, 1024}) {
+    SCOPED_TRACE(::testing::Message() << "T " << T);
+    const int64_t B = 2, H = 3, D = 64, row = 3 * H * D, n = B * H * T * D;
+    const AttnShape s{B, H, T, D};
+    const AttnStrides sqkv{T * row, D, row}, so = kernels::contiguous_bhtd(s);
+    const size_t es = 2;
+    DevBuf d_qkv(randn_buf(DType::BF16, B * T * row, gen)), d_dout(randn_buf(DType::BF16, n, gen)),
+        d_o(static_cast<size_t>(n) * es), d_lse(static_cast<size_t>(B * H * T) * sizeof(float)),
+        d_grads(static_cast<size_t>(B * T * row) * es);
+    AttnForward f;
+    f.dt = DType::BF16;
+    f.shape = s;
+    f.scale = 0.125f;
+    f.q = d_qkv.as<unsigned char>(), f.k = d_qkv.as<unsigned char>() + H * D * es;
+    f.v = d_qkv.as<unsigned char>() + 2 * H * D * es;
+    f.sq = f.sk = f.sv = sqkv;
+    f.o = d_o.get(), f.so = so;
+    f.lse = d_lse.as<float>();
+    cuda::attention_forward(f, nullptr);
+    const AttnBackward b = backward_of(f, d_dout.get(), d_grads.as<unsigned char>());
+    ASSERT_TRUE(cuda::attention_backward_uses_wgmma(b));
+    const size_t least = cuda::attention_backward_scratch_floats(s),
+                 all = cuda::attention_backward_scratch_floats(b);
+    ASSERT_GE(all, least + static_cast<size_t>(n)) << "the one pass sums dQ in f32 in the scratch";
+    auto grads = [&](size_t floats) {
+      DevBuf scratch(floats * sizeof(float));
+      d_grads.poison();
+      scratch.poison();
+      cuda::attention_backward(b, scratch.as<float>(), nullptr, floats);
+      return d_grads.to_host(DType::BF16, B * T * row);
+    };
+    const HostBuf one = grads(all), again = grads(all), two = grads(least);
+    EXPECT_EQ(first_byte_mismatch(one.bytes, again.bytes, es), -1) << "the one pass differs between two runs";
+    // dK and dV: the same sums in the same order, the same bits. dQ: its sum
+    // over key tiles runs in another order once there are two.
+    std::vector<double> q1, q2;
+    int64_t q_differ = 0, kv_differ = 0;
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t e = 0; e < row; ++e) {
+        const double x = one.get(r * row + e), y = two.get(r * row + e);
+        if (e < H * D) {
+          q1.push_back(x), q2.push_back(y);
+          q_differ += x != y;
+        } else {
+          kv_differ += x != y;
+        }
+      }
+    EXPECT_EQ(kv_differ, 0) << "dK and dV differ between one pass and two";
+    if (T > 64) EXPECT_GT(q_differ, 0) << "the least scratch must take the two passes (other dQ sums)";
+    BT_EXPECT_REL(q1, q2, 2e-2, "dq: one pass against two");
+  }
+  // Grouped queries take the two passes: no scratch beyond Di. (The sizes
+  // read the description only; the pointers are never followed.)
+  const int64_t B = 2, H = 4, Hkv = 2, T = 257, D = 64, row = (H + 2 * Hkv) * D;
+  const AttnShape gs{B, H, T, D, Hkv};
+  unsigned char* base = reinterpret_cast<unsigned char*>(uintptr_t{1} << 20);
+  const AttnStrides sqkv{T * row, D, row}, so = kernels::contiguous_bhtd(gs);
+  AttnBackward g;
+  g.dt = DType::BF16;
+  g.shape = gs;
+  g.scale = 0.125f;
+  g.q = g.k = g.v = g.o = g.dout = g.dq = g.dk = g.dv = base;
+  g.lse = reinterpret_cast<float*>(base);
+  g.sq = g.sk = g.sv = g.sdq = g.sdk = g.sdv = sqkv;
+  g.so = g.sdo = so;
+  ASSERT_TRUE(cuda::attention_backward_uses_wgmma(g));
+  EXPECT_EQ(cuda::attention_backward_scratch_floats(g), cuda::attention_backward_scratch_floats(gs));
+}
+
 TEST(CudaAttention, F32TiledPathMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
   BT_SEED(seed);
