@@ -450,15 +450,12 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
     DType dt;
     k::GemmMath math;
     bool wgmma;  // the Hopper kernels, where this build and device have them
-    bool least;  // the backward with the least scratch (a backward row only)
     const char* name;
-  } variants[] = {
-      {DType::BF16, k::GemmMath::Strict, true, false, "bf16 (causal, wgmma)"},
-      {DType::BF16, k::GemmMath::Strict, true, true, "bf16 (causal, wgmma, least scratch: two passes)"},
-      {DType::BF16, k::GemmMath::Strict, false, false, "bf16 (causal, mma.sync)"},
-      {DType::F32, k::GemmMath::Strict, false, false, "f32 (strict, causal)"},
-      {DType::F32, k::GemmMath::Tf32x3, false, false, "f32 (3xTF32, causal)"},
-      {DType::F32, k::GemmMath::Tf32, false, false, "f32 (TF32, causal)"}};
+  } variants[] = {{DType::BF16, k::GemmMath::Strict, true, "bf16 (causal, wgmma)"},
+                  {DType::BF16, k::GemmMath::Strict, false, "bf16 (causal, mma.sync)"},
+                  {DType::F32, k::GemmMath::Strict, false, "f32 (strict, causal)"},
+                  {DType::F32, k::GemmMath::Tf32x3, false, "f32 (3xTF32, causal)"},
+                  {DType::F32, k::GemmMath::Tf32, false, "f32 (TF32, causal)"}};
   const bool wgmma_was = k::cuda::attention_wgmma_enabled();
   for (const auto& var : variants) {
     if (var.wgmma && !k::cuda::attention_wgmma_available()) continue;
@@ -467,7 +464,7 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
     const size_t es = bt::dtype_size(dt);
     // Contiguous o, dout and grads (as the runtime allocates them); lse. The
     // backward's scratch is what each call runs fastest with (as the runtime
-    // gives it), or the least.
+    // gives it).
     Dev o(n * es), dout(n * es), dq(n * es), dk(n * es), dv(n * es), lse(B * H * T * 4);
     fill_random(dt, dout.p, n, 12, -1.0f, 1.0f, s);
     const k::AttnStrides so = k::contiguous_bhtd(shape);
@@ -502,14 +499,13 @@ void bench_attention(const Options& opt, Timer& timer, cudaStream_t s, std::vect
       b.lse = lse.as<float>();
       b.dq = dq.p, b.dk = dk.p, b.dv = dv.p;
       b.sdq = b.sdk = b.sdv = so;
-      const size_t floats = var.least ? k::cuda::attention_backward_scratch_floats(shape)
-                                      : k::cuda::attention_backward_scratch_floats(b);
+      const size_t floats = k::cuda::attention_backward_scratch_floats(b);
       Dev scratch(floats * 4);
       ms[pi][1] = timer.median_ms([&] { k::cuda::attention_backward(b, scratch.as<float>(), s, floats); }, s);
     }
     const std::string name = var.name;
     const char* key = dt == DType::F32 ? "f32" : "bf16";
-    for (int d = var.least ? 1 : 0; d < 2; ++d) {
+    for (int d = 0; d < 2; ++d) {
       const double flops = d == 0 ? fwd_flops : bwd_flops;
       const auto [ref_ms, backend] = sdpa.is_object() && sdpa.contains(key)
                                          ? best_backend(sdpa.at(key), d == 0 ? "fwd_ms" : "bwd_ms")

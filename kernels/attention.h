@@ -147,10 +147,7 @@ size_t attention_backward_scratch_floats(const AttnShape& s);
 /// Floats of scratch with which attention_backward(a) runs fastest: more than
 /// the least for the strict-fp32 tiled path, whose dK/dV pass hands its dS
 /// tiles to the dQ pass through it (at most 256 MiB more; Note [dS through
-/// memory in fp32] in kernels/cuda/attention/attention_f32.cu), and for the
-/// Hopper bf16 backward, which then runs in one pass and sums dQ in f32
-/// there (B H T D floats more; Note [dQ in the dK/dV pass, summed in key
-/// order] in kernels/cuda/sm90a/attention_wgmma_bwd.cu).
+/// memory in fp32] in kernels/cuda/attention/attention_f32.cu).
 size_t attention_backward_scratch_floats(const AttnBackward& a);
 /// `scratch` holds `scratch_floats` floats, 0 meaning the least
 /// (attention_backward_scratch_floats(a.shape)); the fp32 tiled path uses what

@@ -371,9 +371,7 @@ size_t attention_backward_scratch_floats(const AttnShape& s) {
 
 size_t attention_backward_scratch_floats(const AttnBackward& a) {
   const size_t least = attention_backward_scratch_floats(a.shape);
-  if (least == 0) return least;
-  if (attention_backward_uses_wgmma(a)) return std::max(least, detail::onepass_scratch(a.shape).total);
-  if (attention_backward_path(a) != AttnPath::F32Tiled) return least;
+  if (least == 0 || attention_backward_path(a) != AttnPath::F32Tiled) return least;
   return std::max(least, detail::attention_backward_f32_scratch_floats(a.shape));
 }
 
@@ -396,8 +394,7 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
              " floats of scratch, fewer than the ", least, " it needs (attention_backward_scratch_floats)");
     switch (attention_backward_path(a)) {
       case AttnPath::TensorCore:
-        detail::attention_backward_mma(a, scratch, scratch_floats == 0 ? least : scratch_floats,
-                                       stream);  // computes Di itself
+        detail::attention_backward_mma(a, scratch, stream);  // computes Di itself
         return;
       case AttnPath::F32Tiled:
         detail::attention_backward_f32(a, scratch, scratch_floats == 0 ? least : scratch_floats,

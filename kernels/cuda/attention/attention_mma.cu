@@ -451,13 +451,9 @@ void attention_forward_mma(const AttnForward& a, cudaStream_t stream) {
   forward<Tf32Ops<false>>(a, stream);
 }
 
-void attention_backward_mma(const AttnBackward& a, float* scratch, size_t scratch_floats,
-                            cudaStream_t stream) {
-  float* di = scratch;
+void attention_backward_mma(const AttnBackward& a, float* di, cudaStream_t stream) {
 #ifdef BT_SM90A
-  if (attention_backward_uses_wgmma(a)) return attention_backward_wgmma(a, scratch, scratch_floats, stream);
-#else
-  (void)scratch_floats;
+  if (attention_backward_uses_wgmma(a)) return attention_backward_wgmma(a, di, stream);
 #endif
   if (a.dt == DType::BF16) return backward<Bf16Ops>(a, di, stream);
   if (a.math == GemmMath::Tf32x3) return backward<Tf32Ops<true>>(a, di, stream);

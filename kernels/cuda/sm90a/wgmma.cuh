@@ -20,7 +20,6 @@
 //   byte offset); the k-step s of 16 starts 32 s bytes into the rows.
 //   N-major B (V: rows are K, a row's 64 elements are N): the same
 //   descriptor; 16 rows (two 8-row groups, 1024 bytes apart) per k-step.
-//   M-major A (dS^T: rows are K, a row's 64 elements are M): likewise.
 #pragma once
 
 #include <cstdint>
@@ -127,24 +126,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor_b(float (&d)[32], cons
       : "memory");
 }
 
-/// d (64 x 64) += A B: A 64 x 16 and B 16 x 64 from shared memory, both
-/// M/N-major (transposed): the 16 k-rows of each are rows of 64 elements.
-__device__ __forceinline__ void wgmma_m64n64k16_ss_mnmajor(float (&d)[32], uint64_t a, uint64_t b,
-                                                           bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
-      "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
-      "%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate))
-      : "memory");
-}
-
 /// acc (64 x N) = A B^T over a depth of 64: A's 64 rows and B's N rows are
 /// 128-byte-swizzled tiles of rows of 64 bf16 in shared memory (K-major), 4
 /// k-steps of 16. acc is overwritten. (S = Q K^T, dP = dO V^T, and their
@@ -172,34 +153,6 @@ __device__ __forceinline__ void wgmma_ab_regs(float (&acc)[32], const uint32_t (
                                               const bf16_t* b) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) wgmma_m64n64k16_rs_nmajor_b(acc, a[kk], sw128_desc(b + kk * 16 * 64));
-}
-
-/// acc (64 x 64) = A B over a depth of 64, both from 128-byte-swizzled tiles
-/// of rows of 64 bf16 whose rows are the depth: `at` holds A transposed (a
-/// row per k, 64 M elements), `b` holds B (a row per k, 64 N elements). acc
-/// is overwritten. (dQ = dS K from the dK/dV pass's dS^T and K tiles.)
-__device__ __forceinline__ void wgmma_atb_d64(float (&acc)[32], const bf16_t* at, const bf16_t* b) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n64k16_ss_mnmajor(acc, sw128_desc(at + kk * 16 * 64), sw128_desc(b + kk * 16 * 64), kk > 0);
-}
-
-/// Tells the compiler that `r` is live and changed here: after the wait for
-/// wgmmas that read (A fragments) or write (accumulators) those registers
-/// asynchronously, so that it neither reuses them nor reads them earlier.
-template <int N>
-__device__ __forceinline__ void wgmma_keep(uint32_t (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(r[i][k])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_keep(float (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(r[i][k])::"memory");
 }
 
 /// The A fragments of a product over the N columns of an accumulator (P,
