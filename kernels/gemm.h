@@ -118,7 +118,9 @@ struct GemmArgs {
 // The MLP's backward (Note [Fused MLP backward], runtime/ops/nn/mlp.cpp) needs
 // dPre = gelu'(pre) * (dY W2), the GEMM of the second layer's input gradient
 // times the GELU's derivative at its input, and the first layer's bias
-// gradient, the column sums of dPre. DGeluBgrad asks one GEMM for both. On
+// gradient, the column sums of dPre. DGeluBgrad asks one GEMM for both (the
+// MLP uses it in f64 only: in f32 and bf16 cuBLASLt's DGELU kernels are
+// slower than a plain GEMM and one pass, Note [Fused MLP backward]). On
 // CUDA cuBLASLt's DGELU_BGRAD epilogue reads pre as its aux matrix (ld_gelu_in
 // a multiple of 8, 16-byte aligned) and writes the sums in bias_grad_dtype;
 // its GELU is the tanh form of kernels/gelu.h, as for the forward's GELU

@@ -17,36 +17,41 @@ namespace bt {
 // Note [Fused MLP backward]
 // GPT-2's MLP is y = h W2^T + b2 with h = gelu(pre), pre = x W1^T + b1. Run
 // as two linears and a GELU, its backward makes dH = dY W2 (a GEMM), then
-// dPre = gelu'(pre) * dH (the GELU backward kernel: three passes over a
-// [rows, 4C] activation, about 3% of a bf16 GPT-2 step on an H100), then the
-// first layer's GEMMs, its bias gradient in the weight gradient's epilogue.
-// As one op, in f32 dH's GEMM takes the GELU's derivative in its epilogue
-// (DGeluBgrad, Note [GELU-gradient epilogue] in kernels/gemm.h), which also
-// sums dPre's columns into b1's gradient: dH is never stored, and W1's
-// weight-gradient GEMM needs no bias-gradient epilogue. W2's gradients come
-// first, from h (rebuilt under selective recompute), and h is dropped before
-// dPre is made, so the backward holds one [rows, 4C] buffer besides pre.
-//   In bf16 the order differs. cuBLASLt runs the DGELU epilogue in a kernel
-// slower than its plain GEMMs, and b1's gradient is summed by a pass after
-// it. On an H200 for GPT-2's 16384 x 3072 x 768, per layer (bench/RESULTS.md,
-// issue 18 step 15): 166 us for the DGELU GEMM, 55 for h's rebuild and 27 for
-// the sums, against 110 for a plain GEMM and 123 for one pass over pre and dH
-// (gelu_grad_in_place, Note [The MLP's GELU backward in one pass] in
-// kernels/cuda/gelu.cu) that turns dH into dPre, sums dPre's columns into
-// b1's gradient and, where selective recompute dropped h, rebuilds h with the
-// bits gelu() gives. W2's gradients follow, from that h. This holds dPre and
-// h together, one [rows, 4C] buffer more than the f32 order, for the span of
-// W2's weight-gradient GEMM (GPT-2's step peak stayed at 6.21 GiB). dPre is
-// rounded to bf16 from dH in bf16, as the unfused ops and PyTorch's GELU
-// backward round it, where the epilogue rounded once from f32.
-//   The forward is the one the two linears run (runtime/ops/matmul.cpp):
-// under selective recompute with a graph, and always under full (Note
-// [Checkpointed regions]), GELU is its own kernel on pre, so that h's recipe
-// -- the same kernel on the saved pre, Note [Selective recompute] -- rebuilds
-// its bits; otherwise the GEMM's GELU epilogue writes h and, for the
-// backward, pre. bf16 operands give f32 weight and bias gradients straight
-// from the GEMMs (c_dtype, and bias_grad_dtype for b1) and a bf16 input
-// gradient (Note [Gradients in a wider dtype], runtime/autograd/engine.cpp).
+// dPre = gelu'(pre) * dH (the GELU backward kernel), then b1's gradient (a
+// column-sum pass) and the first layer's GEMMs. As one op it runs dH's plain
+// GEMM, then one pass over pre and dH (gelu_grad_in_place, Note [The MLP's
+// GELU backward in one pass] in kernels/cuda/gelu.cu) that turns dH into
+// dPre, sums dPre's columns into b1's gradient and, where selective
+// recompute dropped h, rebuilds h with the bits gelu() gives. W2's gradients
+// follow, from that h, then W1's and x's from dPre. This holds dPre and h
+// together for the span of W2's weight-gradient GEMM (GPT-2's bf16 step peak
+// stayed at 6.21 GiB). dPre is rounded from dH in the activations' dtype, as
+// the unfused ops and PyTorch's GELU backward round it.
+//   cuBLASLt could take the GELU's derivative and b1's gradient in dH's
+// GEMM's epilogue (DGeluBgrad, Note [GELU-gradient epilogue] in
+// kernels/gemm.h), so that dH is never stored. That order (W2's gradients
+// first, h dropped before dPre is made) is what F64 runs, the CPU's gradient
+// checks: the one pass has no F64 (b1's gradient comes out in F32). In F32
+// and BF16 it loses on the GPU: cuBLASLt runs the DGELU epilogue in slower
+// kernels than its plain GEMMs, or in f32 as a pass of its own after them.
+// For GPT-2's 16384 x 3072 x 768 on an H200 (bench/RESULTS.md, issue 18 steps
+// 15 and 17): in bf16 166 us for the DGELU GEMM, 55 for h's rebuild and 27
+// for the sums, against 110 for the plain GEMM and 123 for the pass; in
+// strict fp32 cuBLASLt's passes for the GELU epilogues, forward and
+// backward, took 262 us a layer each, against 144 for this pass and 99 for
+// the GELU kernel of the forward below. The whole step gained 1.1% in strict
+// fp32, 2.8% in tf32 and 1.9% in fp32x3.
+//   The forward is the one the two linears run (runtime/ops/matmul.cpp).
+// When gradients are needed in F32, and in every dtype under full recompute
+// or selective recompute, GELU is its own kernel on pre: under recompute so
+// that h's recipe -- the same kernel on the saved pre, Note [Selective
+// recompute] -- rebuilds its bits (Note [Checkpointed regions]), and in F32
+// because cuBLASLt's f32 GELU_AUX_BIAS epilogue is slower than a bias GEMM
+// and the GELU kernel (0.2-0.6% of a step on top of the backward above).
+// Otherwise the GEMM's GELU epilogue writes h and, for the backward, pre.
+// bf16 operands give f32 weight and bias gradients straight from the GEMMs
+// (c_dtype) and the pass, and a bf16 input gradient (Note [Gradients in a
+// wider dtype], runtime/autograd/engine.cpp).
 
 namespace {
 
@@ -54,7 +59,8 @@ using autograd::Grads;
 
 /// dPre = gelu'(pre) * (dY W2) for dY [rows, out], W2 [out, hidden] and pre
 /// [rows, hidden], all contiguous; with `bias_grad` ([hidden], in its dtype),
-/// also the column sums of dPre: one GEMM (Note [Fused MLP backward]).
+/// also the column sums of dPre: one GEMM, the F64 order of Note [Fused MLP
+/// backward].
 Tensor gelu_grad_matmul(const Tensor& gy, const Tensor& w, const Tensor& pre, Tensor* bias_grad) {
   const int64_t rows = gy.size(0), out = w.size(0), hidden = w.size(1);
   BT_ASSERT(gy.is_contiguous() && w.is_contiguous() && pre.is_contiguous() && pre.dtype() == gy.dtype() &&
@@ -142,7 +148,9 @@ Tensor mlp(const Tensor& x, const Tensor& fc_w, const Tensor& fc_b, const Tensor
            shape_str(fc_w.shape()));
   const bool need_grad = autograd::any_requires_grad({&x, &fc_w, &fc_b, &out_w, &out_b});
   const Recompute rc = autograd::recompute_mode();
-  const bool gelu_kernel = rc == Recompute::Full || (rc == Recompute::Selective && need_grad);
+  // Note [Fused MLP backward]: the GELU kernel under recompute, and for F32's backward.
+  const bool gelu_kernel =
+      rc == Recompute::Full || (need_grad && (rc == Recompute::Selective || x.dtype() == DType::F32));
   const int64_t in = fc_w.size(1), hidden = fc_w.size(0), out = out_w.size(0);
   Tensor x2 = x.reshape({-1, in}).contiguous();
   Tensor w1 = fc_w.contiguous(), w2 = out_w.contiguous();
@@ -168,7 +176,7 @@ Tensor mlp(const Tensor& x, const Tensor& fc_w, const Tensor& fc_b, const Tensor
                      Tensor gy = g[0].reshape({-1, out}).contiguous();
                      // Note [Gradients in a wider dtype]: f32 gradients for bf16 copies of f32 masters.
                      const DType gdt = gy.dtype() == DType::BF16 ? DType::F32 : gy.dtype();
-                     if (gy.dtype() == DType::BF16) {
+                     if (gy.dtype() != DType::F64) {
                        // Note [Fused MLP backward]: a plain GEMM, then one pass.
                        Tensor dpre = detail::matmul_raw(gy, sw2.unpack());
                        Tensor h = sh.recomputed() ? Tensor() : sh.unpack();
@@ -180,7 +188,7 @@ Tensor mlp(const Tensor& x, const Tensor& fc_w, const Tensor& fc_b, const Tensor
                        Tensor gx = detail::matmul_raw(dpre, sw1.unpack()).reshape(xs);
                        return {gx, gw1, gb1, gw2, gb2};
                      }
-                     // W2's gradients first: h (rebuilt under selective recompute) is
+                     // F64: W2's gradients first; h (rebuilt under selective recompute) is
                      // dropped before dPre is made (Note [Fused MLP backward]).
                      Tensor gw2, gb2;
                      std::tie(gw2, gb2) = detail::weight_and_bias_grad(gy, sh.unpack(), gdt, has_b2);

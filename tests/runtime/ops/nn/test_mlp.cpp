@@ -1,10 +1,11 @@
 // The fused MLP (runtime/ops/nn/mlp.h) against the two linears and the GELU it
 // replaces, in every recompute mode: the same bits forward and backward. In
-// f32 the CPU's GELU-gradient epilogue is the GELU backward kernel's
-// arithmetic (Note [GELU-gradient epilogue]); in bf16 the fused op runs dH's
-// GEMM and the GELU backward over its bf16 values, as the unfused ops do, and
-// sums b1's gradient in the order of the CPU's bias-gradient GEMM (Note
-// [Fused MLP backward]). Argument errors name the argument.
+// f32 and bf16 the fused op runs dH's GEMM and the GELU backward over its
+// values, as the unfused ops do, and sums b1's gradient in the order of the
+// CPU's bias-gradient GEMM; in f64 it takes the GELU's derivative and b1's
+// gradient in dH's GEMM, whose CPU epilogue is the GELU backward kernel's
+// arithmetic (Note [Fused MLP backward], Note [GELU-gradient epilogue]).
+// Argument errors name the argument.
 #include <string>
 #include <vector>
 
@@ -61,7 +62,7 @@ std::vector<std::vector<float>> run(Run how, DType dt, Recompute mode, bool grap
 constexpr Recompute kModes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
 
 TEST(Mlp, IsTheUnfusedOpsBitForBit) {
-  for (DType dt : {DType::F32, DType::BF16})
+  for (DType dt : {DType::F32, DType::BF16, DType::F64})
     for (Recompute mode : kModes)
       for (bool graph : {true, false}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::string(recompute_name(mode)) +
