@@ -21,11 +21,15 @@ namespace bt::train {
 // Note [Recompute defaults]
 // train.recompute = auto picks selective under bf16 and none otherwise. The
 // issue-18 bench on one H100 (GPT-2 124M, T 1024, micro-batch 16, bench/
-// RESULTS.md) measured selective at 1.8% fewer tokens/s in bf16 for 22% less
-// peak memory (7.83 -> 6.14 GiB), and in fp32 at 0.9% fewer for 25% less
-// (13.8 -> 10.4 GiB): bf16 is the training precision, where memory buys
-// batch size, so it gets the trade by default; fp32 and tf32 stay fastest.
-// full is never automatic: it costs a fifth of the throughput.
+// RESULTS.md step 3) measured selective at 1.8% fewer tokens/s in bf16 for
+// 22% less peak memory (7.83 -> 6.14 GiB), and in fp32 at 0.9% fewer for 25%
+// less (13.8 -> 10.4 GiB). Measured again after the fused kernels of later
+// steps (one H200, step 17): bf16 selective 518.0K tokens/s at 6.21 GiB,
+// none 533.5K at 7.90 GiB, so selective now costs 3.0% for 21% less memory,
+// and still gives the most tokens/s per GiB (83 against 68). bf16 is the
+// training precision, where memory buys batch size, so it gets the trade by
+// default; fp32 and tf32 stay fastest. full is never automatic: it costs a
+// fifth of the throughput.
 Recompute TrainConfig::recompute() const {
   if (train.recompute != "auto") return parse_recompute(train.recompute);
   return parse_precision(train.precision) == Precision::BF16 ? Recompute::Selective : Recompute::None;
