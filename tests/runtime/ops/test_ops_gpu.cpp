@@ -151,7 +151,7 @@ TEST_P(OpsGpu, MatmulAndLinear) {
 
 // The fused MLP (Note [Fused MLP backward]) with and without selective
 // recompute: its plain GEMM and one GELU pass in both dtypes, at a hidden
-// width of 16-byte rows (256) and one of ragged rows (100).
+// width that is a multiple of 8 (256) and one that is not (100).
 TEST_P(OpsGpu, Mlp) {
   REQUIRE_GPU();
   const DType dt = GetParam();
