@@ -251,7 +251,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             Ops::template mma<1>(dpt[2 * np + 1], va, bf);
           }
         }
-        dkdv_scores_to_grads(st, dpt, lse_s + buf * BM, di_s + buf * BM, wk0, qq0, T, p.scale_log2, lane);
+        dkdv_scores_to_grads<NQ, false>(st, dpt, lse_s + buf * BM, di_s + buf * BM, wk0, qq0, T, p.scale_log2,
+                                        lane);
 #pragma unroll
         for (int kk = 0; kk < NQ / 2; ++kk) {
           typename Ops::A pf, df;
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
           Ops::template mma<1>(dp[2 * np + 1], da, bf);
         }
       }
-      dq_scores_to_grads(s, dp, lse2, dii, wq0, k0, T, p.scale_log2, lane);  // s becomes dS
+      dq_scores_to_grads<NTL, false>(s, dp, lse2, dii, wq0, k0, T, p.scale_log2, lane);  // s becomes dS
 #pragma unroll
       for (int kk = 0; kk < NTL / 2; ++kk) {
         typename Ops::A df;

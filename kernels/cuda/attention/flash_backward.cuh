@@ -94,15 +94,14 @@ struct DkdvBlock {
   }
 };
 
-/// The dK/dV pass's arithmetic on a warp's 16 keys from wk0 against the BM =
-/// 8 NQ queries of a tile from qq0 (lse and Di of those queries in lb, db):
-/// S^T becomes P^T, dP^T becomes dS^T = P^T (dP^T - Di).
-template <int NQ>
-__device__ __forceinline__ void dkdv_scores_to_grads(float (&st)[NQ][4], float (&dpt)[NQ][4], const float* lb,
-                                                     const float* db, int64_t wk0, int64_t qq0, int64_t T,
-                                                     float scale_log2, int lane) {
+/// dkdv_scores_to_grads with the causal mask (kMask) or without; rel and lim
+/// are the tile's offsets (Note [The causal mask in tile offsets]): query ql
+/// of the tile is before key r of the warp when rel + ql < r.
+template <int NQ, bool kMask>
+__device__ __forceinline__ void dkdv_grads_tile(float (&st)[NQ][4], float (&dpt)[NQ][4], const float* lb,
+                                                const float* db, int rel, int lim, float scale_log2,
+                                                int lane) {
   const int g = lane >> 2, tq = lane & 3;
-  const bool need_mask = qq0 < wk0 + 15 || qq0 + 8 * NQ > T;
 #pragma unroll
   for (int nt = 0; nt < NQ; ++nt) {
     const float2 l2 = *reinterpret_cast<const float2*>(lb + nt * 8 + 2 * tq);
@@ -115,14 +114,32 @@ __device__ __forceinline__ void dkdv_scores_to_grads(float (&st)[NQ][4], float (
       for (int hf = 0; hf < 2; ++hf) {
         const int e = 2 * hf + j;
         float pv = fast_exp2(fmaf(st[nt][e], scale_log2, -lq));
-        if (need_mask) {
-          const int64_t key = wk0 + g + 8 * hf, qi = qq0 + ql;
-          if (qi < key || qi >= T) pv = 0.0f;
+        if constexpr (kMask) {
+          if (rel + ql < g + 8 * hf || ql >= lim) pv = 0.0f;
         }
         st[nt][e] = pv;
         dpt[nt][e] = pv * (dpt[nt][e] - dq);
       }
     }
+  }
+}
+
+/// The dK/dV pass's arithmetic on a warp's 16 keys from wk0 against the BM =
+/// 8 NQ queries of a tile from qq0 (lse and Di of those queries in lb, db):
+/// S^T becomes P^T, dP^T becomes dS^T = P^T (dP^T - Di). kBranch: only the
+/// tiles that need the mask run the masked code; else every tile does (Note
+/// [The causal mask in tile offsets]).
+template <int NQ, bool kBranch>
+__device__ __forceinline__ void dkdv_scores_to_grads(float (&st)[NQ][4], float (&dpt)[NQ][4], const float* lb,
+                                                     const float* db, int64_t wk0, int64_t qq0, int64_t T,
+                                                     float scale_log2, int lane) {
+  const int rel = tile_offset(qq0 - wk0), lim = tile_offset(T - qq0);
+  if constexpr (!kBranch) {
+    dkdv_grads_tile<NQ, true>(st, dpt, lb, db, rel, lim, scale_log2, lane);
+  } else if (qq0 < wk0 + 15 || qq0 + 8 * NQ > T) {
+    dkdv_grads_tile<NQ, true>(st, dpt, lb, db, rel, lim, scale_log2, lane);
+  } else {
+    dkdv_grads_tile<NQ, false>(st, dpt, lb, db, 0, 0, scale_log2, lane);
   }
 }
 
@@ -189,26 +206,43 @@ struct DqBlock {
   }
 };
 
-/// The dQ pass's arithmetic on a warp's 16 queries from wq0 against the BN =
-/// 8 NTL keys of a tile from k0: S becomes dS = P (dP - Di).
-template <int NTL>
-__device__ __forceinline__ void dq_scores_to_grads(float (&s)[NTL][4], const float (&dp)[NTL][4],
-                                                   const float (&lse2)[2], const float (&dii)[2], int64_t wq0,
-                                                   int64_t k0, int64_t T, float scale_log2, int lane) {
+/// dq_scores_to_grads with the causal mask (kMask) or without; rel and lim
+/// are the tile's offsets (Note [The causal mask in tile offsets]): key c of
+/// the tile is after query r of the warp when rel + c > r.
+template <int NTL, bool kMask>
+__device__ __forceinline__ void dq_grads_tile(float (&s)[NTL][4], const float (&dp)[NTL][4],
+                                              const float (&lse2)[2], const float (&dii)[2], int rel, int lim,
+                                              float scale_log2, int lane) {
   const int g = lane >> 2, tq = lane & 3;
-  const bool need_mask = k0 + 8 * NTL - 1 > wq0 || k0 + 8 * NTL > T;
 #pragma unroll
   for (int nt = 0; nt < NTL; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hf = e >> 1;
       float pv = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2[hf]));
-      if (need_mask) {
-        const int64_t row = wq0 + g + 8 * hf, col = k0 + nt * 8 + 2 * tq + (e & 1);
-        if (col > row || col >= T) pv = 0.0f;
+      if constexpr (kMask) {
+        const int c = nt * 8 + 2 * tq + (e & 1);
+        if (rel + c > g + 8 * hf || c >= lim) pv = 0.0f;
       }
       s[nt][e] = pv * (dp[nt][e] - dii[hf]);
     }
+}
+
+/// The dQ pass's arithmetic on a warp's 16 queries from wq0 against the BN =
+/// 8 NTL keys of a tile from k0: S becomes dS = P (dP - Di). kBranch as in
+/// dkdv_scores_to_grads.
+template <int NTL, bool kBranch>
+__device__ __forceinline__ void dq_scores_to_grads(float (&s)[NTL][4], const float (&dp)[NTL][4],
+                                                   const float (&lse2)[2], const float (&dii)[2], int64_t wq0,
+                                                   int64_t k0, int64_t T, float scale_log2, int lane) {
+  const int rel = tile_offset(k0 - wq0), lim = tile_offset(T - k0);
+  if constexpr (!kBranch) {
+    dq_grads_tile<NTL, true>(s, dp, lse2, dii, rel, lim, scale_log2, lane);
+  } else if (k0 + 8 * NTL - 1 > wq0 || k0 + 8 * NTL > T) {
+    dq_grads_tile<NTL, true>(s, dp, lse2, dii, rel, lim, scale_log2, lane);
+  } else {
+    dq_grads_tile<NTL, false>(s, dp, lse2, dii, 0, 0, scale_log2, lane);
+  }
 }
 
 }  // namespace bt::kernels::cuda::detail

@@ -138,19 +138,45 @@ struct FwdBlock {
   }
 };
 
+// Note [The causal mask in tile offsets]
+// The mask compares 64-bit positions (a query's row, a key's column, T), but
+// within one tile only their offsets matter: with rel = the tile's first
+// column minus the warp's first row, and lim = T minus the tile's first
+// column, column c of the tile is after row r of the warp when rel + c > r,
+// and past the end when c >= lim. Both are clamped to +-2^30, which keeps
+// every comparison's result (c and r are below 2^8), so an element costs two
+// 32-bit compares against lane constants instead of 64-bit index math.
+// Off the diagonal and the sequence's end neither compare fires, so the
+// masked code is right for every tile; what differs is its cost. Left to
+// itself, the compiler turns a mask under `if (need_mask)` into selects that
+// every tile pays for: in the wgmma backward, the 64-bit compares were the
+// most executed instruction (Nsight Compute, bench/RESULTS.md issue 18 step
+// 18). So the wgmma backward branches explicitly between a masked and an
+// unmasked copy of its arithmetic (kBranch below), which took it from 190 to
+// 212-218 TFLOP/s on an H200. The mma.sync kernels run the masked copy on
+// every tile: a second copy cost them registers (the bf16 dK/dV pass spilled
+// 344 bytes instead of 60: 150 -> 139 TFLOP/s), while the 32-bit compares
+// alone gave them 157.
+
+/// An int64 offset clamped to +-2^30 (Note [The causal mask in tile offsets]).
+__device__ __forceinline__ int tile_offset(int64_t d) {
+  constexpr int64_t kLim = int64_t{1} << 30;
+  return static_cast<int>(d < -kLim ? -kLim : d > kLim ? kLim : d);
+}
+
 /// Masks a warp's 16 x (8 NTL) score tile: rows row0 + g (+ 8), key columns
 /// k0 + 8 nt + 2 t (+ 1); a key after its query, or past T, becomes -inf.
 template <int NTL>
 __device__ __forceinline__ void mask_scores(float (&s)[NTL][4], int64_t row0, int64_t k0, int64_t T,
                                             int lane) {
   const int g = lane >> 2, tq = lane & 3;
+  const int rel = tile_offset(k0 - row0) - g, lim = tile_offset(T - k0);
 #pragma unroll
   for (int nt = 0; nt < NTL; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t row = row0 + g + (e >> 1) * 8;
-      const int64_t col = k0 + nt * 8 + 2 * tq + (e & 1);
-      if (col > row || col >= T) s[nt][e] = -INFINITY;
+      const int c = nt * 8 + 2 * tq + (e & 1);
+      if (rel + c > (e >> 1) * 8 || c >= lim) s[nt][e] = -INFINITY;
     }
 }
 

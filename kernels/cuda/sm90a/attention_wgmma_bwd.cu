@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dkdv_wgmma_kernel(co
       if (qq0 + BM - 1 >= gk0 && gk0 < T) {  // warpgroup-uniform: some query of the tile sees some key
         float st[NQ][4], dpt[NQ][4];
         scores_and_dp<BM>(st, kgroup, qb, dpt, vgroup, dob);
-        dkdv_scores_to_grads(st, dpt, lse_s + buf * BM, di_s + buf * BM, wk0, qq0, T, p.scale_log2, lane);
+        dkdv_scores_to_grads<NQ, true>(st, dpt, lse_s + buf * BM, di_s + buf * BM, wk0, qq0, T, p.scale_log2,
+                                       lane);
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         acc_to_frags<BM>(pa, st);
         acc_to_frags<BM>(da, dpt);
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) attn_bwd_dq_wgmma_kernel(cons
     if (k0 <= gq0 + 63 && gq0 < T) {  // warpgroup-uniform: some key of the tile is visible to the group
       float s[NTL][4], dp[NTL][4];
       scores_and_dp<BN>(s, qgroup, kb, dp, dogroup, vb);
-      dq_scores_to_grads(s, dp, lse2, dii, wq0, k0, T, p.scale_log2, lane);  // s becomes dS
+      dq_scores_to_grads<NTL, true>(s, dp, lse2, dii, wq0, k0, T, p.scale_log2, lane);  // s becomes dS
       uint32_t da[BN / 16][4];
       acc_to_frags<BN>(da, s);
       wgmma_fence();
