@@ -16,20 +16,33 @@
 
 namespace bt::kernels::cuda::detail {
 
+/// An int64 offset clamped to +-2^30: compared with a value below 2^8, it
+/// gives the unclamped comparison's result (Note [The causal mask in tile
+/// offsets]).
+__device__ __forceinline__ int tile_offset(int64_t d) {
+  constexpr int64_t kLim = int64_t{1} << 30;
+  return static_cast<int>(d < -kLim ? -kLim : d > kLim ? kLim : d);
+}
+
 /// Async copy of rows [row0, row0 + ROWS) of a [T, D] slab with row stride `st`
-/// into a swizzled tile; rows >= T become zeros. All NT threads take part.
+/// into a swizzled tile; rows >= T become zeros. All NT threads take part:
+/// thread x copies chunk x % C of rows x / C, x / C + NT / C, ... (C chunks a
+/// row), so its source steps by a fixed stride and a row's bound is one
+/// 32-bit compare. (Index math per chunk in int64 was about a sixth of the
+/// wgmma dQ pass's loop in Nsight Compute's instruction counts.)
 template <class Ops, int D, int ROWS, int NT>
 __device__ __forceinline__ void load_tile(typename Ops::E* tile, const typename Ops::E* g, int64_t st,
                                           int64_t row0, int64_t T) {
-  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks;
-  static_assert(kTotal % NT == 0, "tile chunks must divide evenly among the threads");
+  constexpr int kChunks = D / Ops::kChunk, kTotal = ROWS * kChunks, kStep = NT / kChunks;
+  static_assert(kTotal % NT == 0 && NT % kChunks == 0, "tile chunks must divide evenly among the threads");
+  const int r0 = static_cast<int>(threadIdx.x) / kChunks, c = static_cast<int>(threadIdx.x) % kChunks;
+  // This thread's rows r0 + kStep it exist while kStep it < rows.
+  const int rows = tile_offset(T - row0) - r0;
+  const typename Ops::E* src = g + (row0 + r0) * st + c * Ops::kChunk;
 #pragma unroll
   for (int it = 0; it < kTotal / NT; ++it) {
-    const int i = it * NT + static_cast<int>(threadIdx.x);
-    const int r = i / kChunks, c = i % kChunks;
-    const int64_t t = row0 + r;
-    const bool ok = t < T;
-    cp_async16(smem_u32(tile + Ops::template swz<D>(r, c)), g + (ok ? t * st + c * Ops::kChunk : 0), ok);
+    const bool ok = it * kStep < rows;
+    cp_async16(smem_u32(tile + Ops::template swz<D>(r0 + it * kStep, c)), ok ? src + it * kStep * st : g, ok);
   }
 }
 
@@ -56,10 +69,12 @@ __device__ __forceinline__ void next_kv_tile(typename Ops::E* ks, typename Ops::
 /// Async copy of floats [row0, row0 + N) of `src` (zeros past T).
 template <int N, int NT>
 __device__ __forceinline__ void load_vec(float* dst, const float* src, int64_t row0, int64_t T) {
-  for (int i = threadIdx.x; i < N; i += NT) {
-    const int64_t t = row0 + i;
-    const bool ok = t < T;
-    cp_async4(smem_u32(dst + i), src + (ok ? t : 0), ok);
+  const int rows = tile_offset(T - row0);
+#pragma unroll
+  for (int k = 0; k < (N + NT - 1) / NT; ++k) {
+    const int i = k * NT + static_cast<int>(threadIdx.x);
+    const bool ok = i < rows;
+    if (N % NT == 0 || i < N) cp_async4(smem_u32(dst + i), ok ? src + row0 + i : src, ok);
   }
 }
 
@@ -157,12 +172,6 @@ struct FwdBlock {
 // every tile: a second copy cost them registers (the bf16 dK/dV pass spilled
 // 344 bytes instead of 60: 150 -> 139 TFLOP/s), while the 32-bit compares
 // alone gave them 157.
-
-/// An int64 offset clamped to +-2^30 (Note [The causal mask in tile offsets]).
-__device__ __forceinline__ int tile_offset(int64_t d) {
-  constexpr int64_t kLim = int64_t{1} << 30;
-  return static_cast<int>(d < -kLim ? -kLim : d > kLim ? kLim : d);
-}
 
 /// Masks a warp's 16 x (8 NTL) score tile: rows row0 + g (+ 8), key columns
 /// k0 + 8 nt + 2 t (+ 1); a key after its query, or past T, becomes -inf.

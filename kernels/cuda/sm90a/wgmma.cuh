@@ -51,6 +51,14 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* p) {
          | (uint64_t{1} << 62);         // 128-byte swizzle
 }
 
+/// The descriptor of the operand `bytes` further on: the start address sits
+/// in the low 14 bits in 16-byte units, and shared-memory addresses stay
+/// below 2^18, so the sum never carries into the next field (one add instead
+/// of building each k-step's descriptor from its pointer).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, int bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+
 /// Orders this thread's register writes before the wgmmas that read them
 /// (accumulators, A fragments).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -132,9 +140,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor_b(float (&d)[32], cons
 /// transposes in the dK/dV pass.)
 template <int N>
 __device__ __forceinline__ void wgmma_abt_d64(float (&acc)[N / 2], const bf16_t* a, const bf16_t* b) {
+  const uint64_t da0 = sw128_desc(a), db0 = sw128_desc(b);
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    const uint64_t da = sw128_desc(a + ks * 16), db = sw128_desc(b + ks * 16);
+    const uint64_t da = desc_advance(da0, 32 * ks), db = desc_advance(db0, 32 * ks);
     if constexpr (N == 64) {
       wgmma_m64n64k16_ss(acc, da, db, ks > 0);
     } else {
@@ -151,8 +160,9 @@ __device__ __forceinline__ void wgmma_abt_d64(float (&acc)[N / 2], const bf16_t*
 template <int K>
 __device__ __forceinline__ void wgmma_ab_regs(float (&acc)[32], const uint32_t (&a)[K / 16][4],
                                               const bf16_t* b) {
+  const uint64_t db0 = sw128_desc(b);
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) wgmma_m64n64k16_rs_nmajor_b(acc, a[kk], sw128_desc(b + kk * 16 * 64));
+  for (int kk = 0; kk < K / 16; ++kk) wgmma_m64n64k16_rs_nmajor_b(acc, a[kk], desc_advance(db0, 2048 * kk));
 }
 
 /// The A fragments of a product over the N columns of an accumulator (P,
