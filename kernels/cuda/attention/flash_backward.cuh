@@ -134,9 +134,7 @@ __device__ __forceinline__ void dkdv_scores_to_grads(float (&st)[NQ][4], float (
                                                      const float* db, int64_t wk0, int64_t qq0, int64_t T,
                                                      float scale_log2, int lane) {
   const int rel = tile_offset(qq0 - wk0), lim = tile_offset(T - qq0);
-  if constexpr (!kBranch) {
-    dkdv_grads_tile<NQ, true>(st, dpt, lb, db, rel, lim, scale_log2, lane);
-  } else if (qq0 < wk0 + 15 || qq0 + 8 * NQ > T) {
+  if (!kBranch || qq0 < wk0 + 15 || qq0 + 8 * NQ > T) {
     dkdv_grads_tile<NQ, true>(st, dpt, lb, db, rel, lim, scale_log2, lane);
   } else {
     dkdv_grads_tile<NQ, false>(st, dpt, lb, db, 0, 0, scale_log2, lane);
@@ -236,9 +234,7 @@ __device__ __forceinline__ void dq_scores_to_grads(float (&s)[NTL][4], const flo
                                                    const float (&lse2)[2], const float (&dii)[2], int64_t wq0,
                                                    int64_t k0, int64_t T, float scale_log2, int lane) {
   const int rel = tile_offset(k0 - wq0), lim = tile_offset(T - k0);
-  if constexpr (!kBranch) {
-    dq_grads_tile<NTL, true>(s, dp, lse2, dii, rel, lim, scale_log2, lane);
-  } else if (k0 + 8 * NTL - 1 > wq0 || k0 + 8 * NTL > T) {
+  if (!kBranch || k0 + 8 * NTL - 1 > wq0 || k0 + 8 * NTL > T) {
     dq_grads_tile<NTL, true>(s, dp, lse2, dii, rel, lim, scale_log2, lane);
   } else {
     dq_grads_tile<NTL, false>(s, dp, lse2, dii, 0, 0, scale_log2, lane);
