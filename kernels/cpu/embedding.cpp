@@ -27,14 +27,16 @@ void check_indices(const char* kernel, const int32_t* idx, int64_t n, int64_t nu
              num, ") (the embedding table has ", num, " rows)");
 }
 
-/// dtable (O: T, or float for bf16 dout) = the rows of d added by index.
+/// dtable (O: T, or float for bf16 dout) = the rows of d added by index, onto
+/// zeros or (accumulate) onto what dtable holds.
 template <class T, class O>
-void backward_rows(const T* d, const int32_t* idx, int64_t n, int64_t num, int64_t dim, O* tab) {
+void backward_rows(const T* d, const int32_t* idx, int64_t n, int64_t num, int64_t dim, O* tab,
+                   bool accumulate) {
   using A = acc_t<T>;
   if (dim == 0) return;
   // Chunks of table rows; each scans all n indices and adds the ones that
   // land in its rows, in index order, so every row sums as in a serial loop
-  // (whatever the chunks). A chunk zeroes >= 8n elements, so the scans cost
+  // (whatever the chunks). A chunk holds >= 8n elements, so the scans cost
   // little. An output of the compute type (F32, F64, BF16 into F32) is the
   // accumulator itself; BF16 accumulates in A and rounds once on store.
   const int64_t grain = grain_for(dim, std::max<int64_t>(8 * n, int64_t{1} << 16));
@@ -47,7 +49,10 @@ void backward_rows(const T* d, const int32_t* idx, int64_t n, int64_t num, int64
       acc.resize(static_cast<size_t>((hi - lo) * dim));
       base = acc.data();
     }
-    std::fill(base, base + (hi - lo) * dim, A(0));
+    if (!accumulate)
+      std::fill(base, base + (hi - lo) * dim, A(0));
+    else if constexpr (!std::is_same_v<A, O>)
+      for (int64_t e = 0; e < (hi - lo) * dim; ++e) base[e] = load(tab, lo * dim + e);
     for (int64_t i = 0; i < n; ++i) {
       if (idx[i] < lo || idx[i] >= hi) continue;
       A* row = base + (idx[i] - lo) * dim;
@@ -75,19 +80,19 @@ void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, co
 }
 
 void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
-                        void* dtable) {
-  embedding_backward(dt, dt, dout, idx, n, num, dim, dtable);
+                        void* dtable, bool accumulate) {
+  embedding_backward(dt, dt, dout, idx, n, num, dim, dtable, accumulate);
 }
 
 void embedding_backward(DType dt, DType out_dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
-                        int64_t dim, void* dtable) {
+                        int64_t dim, void* dtable, bool accumulate) {
   check_indices("embedding_backward", idx, n, num, dim);
   if (widens(dt, out_dt, "embedding_backward")) {
-    backward_rows(static_cast<const bf16*>(dout), idx, n, num, dim, static_cast<float*>(dtable));
+    backward_rows(static_cast<const bf16*>(dout), idx, n, num, dim, static_cast<float*>(dtable), accumulate);
     return;
   }
   detail::dispatch_float(dt, "embedding_backward", [&]<class T>(std::type_identity<T>) {
-    backward_rows(static_cast<const T*>(dout), idx, n, num, dim, static_cast<T*>(dtable));
+    backward_rows(static_cast<const T*>(dout), idx, n, num, dim, static_cast<T*>(dtable), accumulate);
   });
 }
 

@@ -107,9 +107,19 @@ __global__ void reduce_partials_kernel(const float* __restrict__ partial, O* __r
                                        int64_t chunks, int64_t dim) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float s = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + i];
+  const float s = add_in_order(0.0f, partial + i, chunks, n);
   stf(out + i, kOp == ReduceOp::Mean ? s / static_cast<float>(dim) : s);
+}
+
+/// Split pass 2 over n outputs. Blocks of 64 threads: the pass is L2 latency,
+/// so it spreads over as many SMs as it can.
+template <typename O, ReduceOp kOp>
+void launch_reduce_partials(const float* partial, O* out, int64_t n, int64_t chunks, int64_t dim,
+                            cudaStream_t stream) {
+  constexpr int kThreads = 64;
+  reduce_partials_kernel<O, kOp>
+      <<<static_cast<unsigned>(ceil_div(n, kThreads)), kThreads, 0, stream>>>(partial, out, n, chunks, dim);
+  BT_KERNEL_CHECK();
 }
 
 }  // namespace bt::kernels::cuda::detail

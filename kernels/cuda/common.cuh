@@ -181,6 +181,8 @@ struct alignas(sizeof(T) * N) Pack {
 
 template <typename T>
 inline constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
+template <typename T>
+inline constexpr int kVec8 = static_cast<int>(8 / sizeof(T));
 
 inline bool aligned_to(const void* p, size_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
@@ -194,6 +196,22 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+/// s + the column of `rows` partials p[0], p[stride], ... added in order, eight
+/// loads in flight: a few microseconds of L2 latency instead of one load's a
+/// term (the split passes' second halves are that latency and nothing else).
+__device__ __forceinline__ float add_in_order(float s, const float* __restrict__ p, int64_t rows,
+                                              int64_t stride) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = p[(r + k) * stride];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += v[k];
+  }
+  for (; r < rows; ++r) s += p[r * stride];
+  return s;
 }
 
 /// Sum over the whole block (blockDim.x a multiple of 32, <= 1024); every thread

@@ -1,15 +1,25 @@
 // CUDA embedding lookup and its deterministic backward.
 //
-// Backward: the output is split into (column tile, row bucket) blocks; a block
-// owns the columns of its tile for the table rows r with r % buckets == bucket.
-// Every block scans all n indices in order, keeps those of its bucket (compacted
-// in order through a warp ballot), and adds dout rows into a float accumulator
-// in index order. Each output element is thus summed by one thread in index
-// order: the result is bitwise reproducible, with no atomics. F32 (and BF16
-// into an F32 dtable) accumulates in dtable itself; BF16 accumulates in scratch
-// [num, dim] and converts at the end.
+// Note [The embedding backward by sorted runs]
+// The backward adds each gradient row d[i] into table row idx[i]. Summing in
+// index order, one thread per output element, makes it reproducible with no
+// atomics. The indices are sorted with their positions (CUB's radix sort,
+// stable, so each row's positions stay in index order); each run of equal
+// keys is one table row, and 16-byte packs of that row are summed by one
+// thread each, from the row's current value (accumulate) or from zero, in
+// position order, several rows' loads in flight, then stored once. A run of
+// many terms (a frequent token) is the longest chain; rows outside every run
+// are never read or written, so adding into an existing gradient (GPT's tied
+// wte: its head's gradient, Note [Adding into the gradient so far] in
+// runtime/autograd/engine.cpp) costs the touched rows alone. An index outside
+// [0, num) sorts last (key num) and adds nothing. Sums are in float; a bf16
+// table is rounded once, on the store.
+#include <algorithm>
+#include <bit>
 #include <climits>
 #include <type_traits>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/embedding.h"
@@ -48,49 +58,96 @@ __global__ void count_bad_kernel(const int32_t* __restrict__ idx, int64_t n, int
   }
 }
 
-template <typename T>
-__global__ void embed_bwd_kernel(const T* __restrict__ dout, const int32_t* __restrict__ idx, int64_t n,
-                                 int64_t num, int64_t dim, int64_t buckets, float* __restrict__ acc) {
-  extern __shared__ int32_t s_pos[];  // blockDim.x entries
-  __shared__ int s_warp_count[32];
-  const int64_t tile = blockIdx.x, bucket = blockIdx.y;
-  const int64_t col = tile * blockDim.x + threadIdx.x;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int64_t base = 0; base < n; base += blockDim.x) {
-    const int64_t i = base + threadIdx.x;
-    bool match = false;
-    if (i < n) {
-      const int64_t r = idx[i];
-      match = r >= 0 && r < num && r % buckets == bucket;
-    }
-    const unsigned mask = __ballot_sync(0xffffffffu, match);
-    if (lane == 0) s_warp_count[warp] = __popc(mask);
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int w = 0; w < nwarps; ++w) {
-      const int c = s_warp_count[w];
-      if (w < warp) before += c;
-      total += c;
-    }
-    if (match) s_pos[before + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(threadIdx.x);
-    __syncthreads();
-    if (col < dim) {
-      for (int m = 0; m < total; ++m) {
-        const int64_t ii = base + s_pos[m];
-        const int64_t r = idx[ii];
-        float* a = acc + r * dim + col;
-        *a = *a + ldf(dout + ii * dim + col);
-      }
-    }
-    __syncthreads();  // s_pos / s_warp_count are rewritten by the next stage
-  }
+/// keys[i] = idx[i], or num for an index outside [0, num); pos[i] = i.
+__global__ void embed_sort_keys_kernel(const int32_t* __restrict__ idx, int64_t n, int64_t num,
+                                       uint32_t* __restrict__ keys, int32_t* __restrict__ pos) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t r = idx[i];
+  keys[i] = static_cast<uint32_t>(r >= 0 && r < num ? r : num);
+  pos[i] = static_cast<int32_t>(i);
 }
 
-template <typename T>
-__global__ void f32_to_kernel(const float* __restrict__ in, T* __restrict__ out, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    stf(out + i, in[i]);
+/// Note [The embedding backward by sorted runs]: thread (entry i, pack q) with
+/// i the start of a run of key k sums packs q of rows d[pos[j]] for the run's
+/// j into out row k (V elements a pack; P packs a row).
+template <typename T, typename O, int V>
+__global__ void __launch_bounds__(256)
+    embed_bwd_runs_kernel(const T* __restrict__ d, const uint32_t* __restrict__ keys,
+                          const int32_t* __restrict__ pos, int64_t n, int64_t num, int64_t dim, int64_t P,
+                          O* out, bool accumulate) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n * P) return;
+  const int64_t i = t / P, col = (t - i * P) * V;
+  const uint32_t k = keys[i];
+  if (k >= num || (i > 0 && keys[i - 1] == k)) return;
+  using In = Pack<T, V>;
+  float s[V];
+  O* dst = out + static_cast<int64_t>(k) * dim + col;
+#pragma unroll
+  for (int v = 0; v < V; ++v) s[v] = accumulate ? to_float(dst[v]) : 0.0f;
+  auto add = [&](const In& x) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) s[v] += to_float(x.v[v]);
+  };
+  auto row = [&](int64_t j) {
+    return *reinterpret_cast<const In*>(d + static_cast<int64_t>(pos[j]) * dim + col);
+  };
+  int64_t j = i;
+  for (; j + 3 < n && keys[j + 3] == k; j += 4) {  // keys are sorted: j .. j + 3 are all k
+    const In a = row(j), b = row(j + 1), c = row(j + 2), e = row(j + 3);
+    add(a), add(b), add(c), add(e);
+  }
+  for (; j < n && keys[j] == k; ++j) add(row(j));
+#pragma unroll
+  for (int v = 0; v < V; ++v) dst[v] = from_float<O>(s[v]);
+}
+
+/// The workspace's layout: keys and positions, in and sorted, then CUB's.
+struct SortSpace {
+  uint32_t *keys_in, *keys_out;
+  int32_t *pos_in, *pos_out;
+  void* cub;
+  size_t cub_bytes;
+};
+
+int key_bits(int64_t num) {
+  return std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(num))));
+}
+
+size_t cub_sort_bytes(int64_t n, int64_t num) {
+  size_t bytes = 0;
+  BT_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                      static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                      static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, key_bits(num)));
+  return bytes;
+}
+
+constexpr size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+SortSpace sort_space(void* base, int64_t n, int64_t num) {
+  char* p = static_cast<char*>(base);
+  const size_t arr = align256(static_cast<size_t>(n) * 4);
+  SortSpace s;
+  s.keys_in = reinterpret_cast<uint32_t*>(p);
+  s.keys_out = reinterpret_cast<uint32_t*>(p + arr);
+  s.pos_in = reinterpret_cast<int32_t*>(p + 2 * arr);
+  s.pos_out = reinterpret_cast<int32_t*>(p + 3 * arr);
+  s.cub = p + 4 * arr;
+  s.cub_bytes = cub_sort_bytes(n, num);
+  return s;
+}
+
+template <typename T, typename O, int V>
+void launch_runs(const T* d, const SortSpace& s, int64_t n, int64_t num, int64_t dim, O* out, bool accumulate,
+                 cudaStream_t stream) {
+  const int64_t P = dim / V, threads = n * P;
+  BT_CHECK(ceil_div(threads, 256) < INT_MAX, "cuda embedding_backward: ", n, " indices of dim ", dim,
+           " are too many");
+  embed_bwd_runs_kernel<T, O, V><<<static_cast<unsigned>(ceil_div(threads, 256)), 256, 0, stream>>>(
+      d, s.keys_out, s.pos_out, n, num, dim, P, out, accumulate);
+  BT_KERNEL_CHECK();
 }
 
 void check_sizes(const char* what, int64_t num, int64_t dim, int64_t n) {
@@ -134,51 +191,50 @@ void embedding_forward(DType dt, const void* table, int64_t num, int64_t dim, co
   });
 }
 
-size_t embedding_backward_scratch_floats(int64_t num, int64_t dim) {
-  if (num <= 0 || dim <= 0) return 0;
-  return static_cast<size_t>(num * dim);
-}
-
-void embedding_backward(DType dt, const void* dout, const int32_t* idx, int64_t n, int64_t num, int64_t dim,
-                        void* dtable, float* scratch, cudaStream_t stream) {
-  embedding_backward(dt, dt, dout, idx, n, num, dim, dtable, scratch, stream);
+size_t embedding_backward_scratch_floats(int64_t n, int64_t num) {
+  if (n <= 0 || num <= 0) return 0;
+  BT_CHECK(n < INT_MAX, "cuda embedding_backward: ", n, " indices are too many (at most ", INT_MAX - 1, ")");
+  const size_t bytes = 4 * align256(static_cast<size_t>(n) * 4) + cub_sort_bytes(n, num);
+  return (bytes + sizeof(float) - 1) / sizeof(float);
 }
 
 void embedding_backward(DType dt, DType out_dt, const void* dout, const int32_t* idx, int64_t n, int64_t num,
-                        int64_t dim, void* dtable, float* scratch, cudaStream_t stream) {
+                        int64_t dim, void* dtable, bool accumulate, float* scratch, cudaStream_t stream) {
   check_sizes("embedding_backward", num, dim, n);
   const bool wide = widens(dt, out_dt, "cuda embedding_backward");
   dispatch_float(dt, "embedding_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (num == 0 || dim == 0) return;
     BT_CHECK(dtable != nullptr, "cuda embedding_backward: null dtable");
-    const bool direct = std::is_same_v<T, float> || wide;  // dtable is the float accumulator
-    float* acc = direct ? static_cast<float*>(dtable) : scratch;
-    BT_CHECK(acc != nullptr,
-             "cuda embedding_backward: null scratch (allocate embedding_backward_scratch_floats(", num, ", ",
-             dim, ") floats)");
-    const int64_t total = num * dim;
-    BT_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(total) * sizeof(float), stream));
-    if (n > 0) {
-      BT_CHECK(dout != nullptr && idx != nullptr, "cuda embedding_backward: null dout or indices");
-      const int threads = static_cast<int>(dim >= 256 ? 256 : ceil_div(dim, 32) * 32);
-      const int64_t tiles = ceil_div(dim, threads);
-      int64_t buckets = ceil_div(4 * static_cast<int64_t>(sm_count()), tiles);
-      if (buckets > num) buckets = num;
-      if (buckets > 65535) buckets = 65535;
-      if (buckets < 1) buckets = 1;
-      BT_CHECK(tiles < INT_MAX, "cuda embedding_backward: dim ", dim, " too large");
-      embed_bwd_kernel<T><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(buckets)), threads,
-                            threads * sizeof(int32_t), stream>>>(static_cast<const T*>(dout), idx, n, num,
-                                                                 dim, buckets, acc);
-      BT_KERNEL_CHECK();
-    }
-    if (!direct) {
-      constexpr int kThreads = 256;
-      f32_to_kernel<T>
-          <<<grid_stride_blocks(total, kThreads), kThreads, 0, stream>>>(acc, static_cast<T*>(dtable), total);
-      BT_KERNEL_CHECK();
-    }
+    const size_t out_size = wide ? sizeof(float) : sizeof(T);
+    if (!accumulate)
+      BT_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<size_t>(num * dim) * out_size, stream));
+    if (n == 0) return;
+    BT_CHECK(dout != nullptr && idx != nullptr, "cuda embedding_backward: null dout or indices");
+    BT_CHECK(scratch != nullptr,
+             "cuda embedding_backward: null scratch (allocate embedding_backward_scratch_floats(", n, ", ",
+             num, ") floats)");
+    const SortSpace s = sort_space(scratch, n, num);
+    embed_sort_keys_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(idx, n, num,
+                                                                                        s.keys_in, s.pos_in);
+    BT_KERNEL_CHECK();
+    size_t cub_bytes = s.cub_bytes;
+    BT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.cub, cub_bytes, s.keys_in, s.keys_out, s.pos_in,
+                                                  s.pos_out, static_cast<int>(n), 0, key_bits(num), stream));
+    constexpr int V = kVec16<T>;
+    const bool vec = dim % V == 0 && aligned_to(dout, 16) && aligned_to(dtable, V * out_size);
+    auto run = [&](auto* out) {
+      if (vec)
+        launch_runs<T, std::remove_pointer_t<decltype(out)>, V>(static_cast<const T*>(dout), s, n, num, dim,
+                                                                out, accumulate, stream);
+      else
+        launch_runs<T, std::remove_pointer_t<decltype(out)>, 1>(static_cast<const T*>(dout), s, n, num, dim,
+                                                                out, accumulate, stream);
+    };
+    if (wide)
+      run(static_cast<float*>(dtable));
+    else
+      run(static_cast<T*>(dtable));
   });
 }
 

@@ -150,10 +150,7 @@ void gelu_backward_fused(DType dt, const void* pre, void* g, void* h, float* bia
           <<<grid, dim3(32, 8), 0, stream>>>(px, pg, nullptr, partial, rows, cols, chunk);
     BT_KERNEL_CHECK();
     if (bias_grad) {
-      reduce_partials_kernel<float, ReduceOp::Sum>
-          <<<static_cast<unsigned>(ceil_div(cols, 256)), 256, 0, stream>>>(scratch, bias_grad, cols, chunks,
-                                                                           rows);
-      BT_KERNEL_CHECK();
+      launch_reduce_partials<float, ReduceOp::Sum>(scratch, bias_grad, cols, chunks, rows, stream);
     }
   });
 }

@@ -473,8 +473,8 @@ __global__ void ln_partial_reduce_kernel(const float* __restrict__ part_w, const
   __shared__ float s[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0.0f;
-  if (c < cols)
-    for (int64_t p = threadIdx.y; p < nparts; p += 8) acc += part[p * cols + c];
+  if (c < cols && threadIdx.y < nparts)
+    acc = add_in_order(0.0f, part + threadIdx.y * cols + c, (nparts - threadIdx.y + 7) / 8, 8 * cols);
   s[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {

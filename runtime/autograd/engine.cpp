@@ -45,6 +45,27 @@ DType wider(DType a, DType b) {
   return DType::F32;
 }
 
+using Pending = std::unordered_map<Node*, std::vector<Tensor>>;
+
+// Note [Adding into the gradient so far]
+// A tensor used twice gets two gradients, which the engine sums: a pass that
+// reads both and writes one. A backward whose gradient is sparse -- the
+// embedding's touches only the rows its indices name -- can do better by
+// adding into the first: GPT's tied wte gets its head's gradient (50304 x 768
+// floats) first, and the embedding's rows are then added into it, instead of
+// into a zeroed table of the same size that the engine adds to the head's.
+// gradient_so_far(i) gives the running node that buffer, under the test of
+// Note [Stealing the gradient] (nothing else holds it), and not under lazy
+// fusion, where sums are recorded. A node that adds into it returns the same
+// tensor, and accumulate() sees that and adds nothing. The order of the sum
+// changes (the head's gradient first, then each row in index order), not the
+// determinism: the engine's node order is fixed.
+struct Running {
+  const Node* node = nullptr;
+  Pending* pending = nullptr;
+};
+thread_local Running t_running;
+
 void accumulate(std::vector<Tensor>& buf, uint32_t slot, Tensor g) {
   if (!g.defined()) return;
   if (buf.size() <= slot) buf.resize(slot + 1);
@@ -53,6 +74,7 @@ void accumulate(std::vector<Tensor>& buf, uint32_t slot, Tensor g) {
     acc = std::move(g);
     return;
   }
+  if (g.impl_ptr() == acc.impl_ptr()) return;      // added into (Note [Adding into the gradient so far])
   const DType dt = wider(acc.dtype(), g.dtype());  // Note [Gradients in a wider dtype]
   // Under lazy fusion the sum is recorded like any add and joins the group
   // that reads it; add_ would compute both gradients first and end the group
@@ -78,6 +100,18 @@ thread_local bool t_retain = false;
 }  // namespace
 
 bool retaining_graph() { return t_retain; }
+
+Tensor gradient_so_far(size_t input) {
+  const Running& r = t_running;
+  if (r.node == nullptr || input >= r.node->next_edges.size()) return {};
+  const Edge& e = r.node->next_edges[input];
+  if (!e.valid()) return {};
+  const auto it = r.pending->find(e.fn.get());
+  if (it == r.pending->end() || it->second.size() <= e.input_nr) return {};
+  const Tensor& acc = it->second[e.input_nr];
+  if (!acc.defined() || fusion::lazy_recording(acc.device()) || !sole_owner(acc, acc.shape())) return {};
+  return acc;
+}
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   NoGradGuard no_grad;
@@ -111,7 +145,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
   }
 
-  std::unordered_map<Node*, std::vector<Tensor>> inputs;
+  Pending inputs;
   std::priority_queue<Node*, std::vector<Node*>, Later> ready;
   std::vector<std::shared_ptr<Node>> keep_alive;
   for (auto& [e, g] : root_edges) {
@@ -133,6 +167,11 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     {
       ProfileScope prof(n->name());
       cast_to_outputs(*n, in);
+      struct Scope {  // a nested backward (recompute) restores the outer node
+        Running prev = t_running;
+        Scope(const Node* n, Pending* p) { t_running = {n, p}; }
+        ~Scope() { t_running = prev; }
+      } running(n, &inputs);
       out = n->apply(std::move(in));
     }
     BT_ASSERT(out.size() == n->next_edges.size() || out.empty(), n->name(), " returned ", out.size(),

@@ -15,6 +15,14 @@ namespace bt::autograd {
 /// Without retain_graph, each node frees its saved tensors after it runs.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
 
+/// Note [Adding into the gradient so far] (engine.cpp): called by a backward
+/// function while it runs, the gradient that its input `input` has received
+/// from the nodes that ran before it, when the function may add its own
+/// gradient into that buffer in place and return the buffer as its gradient
+/// (the engine then keeps the sum as it is). Undefined when there is none
+/// yet, when anything else holds the buffer, or under lazy fusion.
+Tensor gradient_so_far(size_t input);
+
 /// Whether the backward pass running on this thread keeps the saved tensors
 /// for another pass (retain_graph). A node may write its gradient over a
 /// saved buffer nobody else holds only when it does not.

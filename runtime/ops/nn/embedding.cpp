@@ -1,6 +1,7 @@
 #include "runtime/ops/nn/embedding.h"
 
 #include "kernels/embedding.h"
+#include "runtime/autograd/engine.h"
 #include "runtime/autograd/function.h"
 #include "runtime/core/cuda_graph.h"
 #include "runtime/ops/dispatch.h"
@@ -53,27 +54,36 @@ Tensor embedding(const Tensor& table_in, const Tensor& indices_in) {
       BT_CUDA_LAMBDA(kernels::cuda::embedding_forward(table.dtype(), table.data_ptr(), num, dim,
                                                       idx.data<int32_t>(), n, out.data_ptr(), stream)));
   if (autograd::any_requires_grad({&table_in}))
-    autograd::record("EmbeddingBackward", {&table_in, nullptr}, out,
-                     [si = SavedTensor(idx, "embedding"), num, dim, n,
-                      dev = table.device()](autograd::Grads& g) -> autograd::Grads {
-                       Tensor idx = si.unpack();
-                       Tensor dout = g[0].contiguous();
-                       // Note [Gradients in a wider dtype]: a bf16 table (a cast of an f32
-                       // master; GPT's tied wte also gets the head's f32 gradient) gets its
-                       // gradient in f32, summed there directly: no scratch, no cast.
-                       const DType dt = dout.dtype(), gdt = dt == DType::BF16 ? DType::F32 : dt;
-                       Tensor dtable = empty({num, dim}, TensorOptions{gdt, dev});
-                       detail::on_device(
-                           dev,
-                           [&] {
-                             kernels::cpu::embedding_backward(dt, gdt, dout.data_ptr(), idx.data<int32_t>(),
-                                                              n, num, dim, dtable.data_ptr());
-                           },
-                           BT_CUDA_LAMBDA(kernels::cuda::embedding_backward(
-                               dt, gdt, dout.data_ptr(), idx.data<int32_t>(), n, num, dim, dtable.data_ptr(),
-                               nullptr, stream)));
-                       return {dtable, Tensor()};
-                     });
+    autograd::record(
+        "EmbeddingBackward", {&table_in, nullptr}, out,
+        [si = SavedTensor(idx, "embedding"), num, dim, n,
+         dev = table.device()](autograd::Grads& g) -> autograd::Grads {
+          Tensor idx = si.unpack();
+          Tensor dout = g[0].contiguous();
+          // Note [Gradients in a wider dtype]: a bf16 table (a cast of an f32
+          // master; GPT's tied wte also gets the head's f32 gradient) gets its
+          // gradient in f32, summed there directly: no scratch, no cast. Where
+          // the table already has a gradient (the head's), the rows are added
+          // into it (Note [Adding into the gradient so far]).
+          const DType dt = dout.dtype(), gdt = dt == DType::BF16 ? DType::F32 : dt;
+          Tensor dtable = autograd::gradient_so_far(0);
+          const bool into = dtable.defined() && dtable.dtype() == gdt && dtable.device() == dev &&
+                            dtable.shape() == Shape{num, dim};
+          if (!into) dtable = empty({num, dim}, TensorOptions{gdt, dev});
+          detail::on_device(
+              dev,
+              [&] {
+                kernels::cpu::embedding_backward(dt, gdt, dout.data_ptr(), idx.data<int32_t>(), n, num, dim,
+                                                 dtable.data_ptr(), into);
+              },
+              BT_CUDA_LAMBDA(const auto floats = static_cast<int64_t>(
+                                 kernels::cuda::embedding_backward_scratch_floats(n, num));
+                             Tensor scratch = empty({floats}, TensorOptions{DType::F32, dev});
+                             kernels::cuda::embedding_backward(
+                                 dt, gdt, dout.data_ptr(), idx.data<int32_t>(), n, num, dim,
+                                 dtable.data_ptr(), into, floats ? scratch.data<float>() : nullptr, stream)));
+          return {dtable, Tensor()};
+        });
   return out;
 }
 

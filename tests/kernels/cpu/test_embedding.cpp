@@ -53,6 +53,18 @@ TEST(EmbeddingCpu, ForwardAndBackward) {
         if (std::find(idx.begin(), idx.end(), r) == idx.end()) {
           for (int64_t j = 0; j < dim; ++j) ASSERT_EQ(dtable.get(r * dim + j), 0.0) << "unused row " << r;
         }
+      // With accumulate the rows add onto what the table holds; unused rows keep it.
+      for (int64_t i = 0; i < dtable.n; ++i) dtable.set(i, 5.0);
+      cpu::embedding_backward(dt, grad_dt, dout.data(), idx.data(), n, num, dim, dtable.data(),
+                              /*accumulate=*/true);
+      std::vector<double> onto(rgrad);
+      for (double& v : onto) v += 5.0;
+      EXPECT_LT(rel_err(dtable.vals(), onto), tol(grad_dt)) << "accumulate";
+      for (int64_t r = 0; r < num; ++r)
+        if (std::find(idx.begin(), idx.end(), r) == idx.end()) {
+          for (int64_t j = 0; j < dim; ++j)
+            ASSERT_EQ(dtable.get(r * dim + j), 5.0) << "accumulate, row " << r;
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 // GPU embedding forward/backward against the CPU kernels, the out-of-range
 // counter, and bitwise determinism of the backward with many repeated indices.
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -44,10 +46,10 @@ TEST(CudaEmbedding, ForwardAndBackwardMatchCpu) {
           HostBuf dtab_ref(dt, num * dim);
           cpu::embedding_backward(dt, g.data(), idx.data(), n, num, dim, dtab_ref.data());
           DevBuf dg(g), ddtab(static_cast<size_t>(num * dim) * es);
-          DevBuf scratch(cuda::embedding_backward_scratch_floats(num, dim) * sizeof(float));
+          DevBuf scratch(cuda::embedding_backward_scratch_floats(n, num) * sizeof(float));
           ddtab.poison();
           scratch.poison();
-          cuda::embedding_backward(dt, dg.get(), didx.as<int32_t>(), n, num, dim, ddtab.get(),
+          cuda::embedding_backward(dt, dt, dg.get(), didx.as<int32_t>(), n, num, dim, ddtab.get(), false,
                                    scratch.as<float>(), nullptr);
           BT_EXPECT_REL(ddtab.to_host(dt, num * dim).vals(), dtab_ref.vals(), tol(dt), "backward");
         }
@@ -67,13 +69,13 @@ TEST(CudaEmbedding, BackwardIsBitwiseDeterministic) {
     for (size_t i = 0; i < idx.size(); i += 7) idx[i] = static_cast<int32_t>(gen() % num);
     const HostBuf g = randn_buf(dt, n * dim, gen);
     DevBuf didx(upload_vector(idx)), dg(g);
-    DevBuf scratch(cuda::embedding_backward_scratch_floats(num, dim) * sizeof(float));
+    DevBuf scratch(cuda::embedding_backward_scratch_floats(n, num) * sizeof(float));
     std::vector<unsigned char> first;
     for (int run = 0; run < 3; ++run) {
       DevBuf dtab(static_cast<size_t>(num * dim) * dtype_size(dt));
       dtab.poison();
-      cuda::embedding_backward(dt, dg.get(), didx.as<int32_t>(), n, num, dim, dtab.get(), scratch.as<float>(),
-                               nullptr);
+      cuda::embedding_backward(dt, dt, dg.get(), didx.as<int32_t>(), n, num, dim, dtab.get(), false,
+                               scratch.as<float>(), nullptr);
       const HostBuf out = dtab.to_host(dt, num * dim);
       if (run == 0)
         first = out.bytes;
@@ -107,16 +109,65 @@ TEST(CudaEmbedding, Bf16IntoF32MatchesCpu) {
       HostBuf ref(DType::F32, num * dim);
       cpu::embedding_backward(DType::BF16, DType::F32, g.data(), idx.data(), n, num, dim, ref.data());
       DevBuf dg(g), didx(upload_vector(idx)), dtab(static_cast<size_t>(num * dim) * sizeof(float));
+      DevBuf scratch(cuda::embedding_backward_scratch_floats(n, num) * sizeof(float));
       std::vector<double> first;
       for (int run = 0; run < 2; ++run) {
         dtab.poison();
         cuda::embedding_backward(DType::BF16, DType::F32, dg.get(), didx.as<int32_t>(), n, num, dim,
-                                 dtab.get(), nullptr, nullptr);
+                                 dtab.get(), false, scratch.as<float>(), nullptr);
         const std::vector<double> got = dtab.to_host(DType::F32, num * dim).vals();
         if (run == 0) first = got;
         EXPECT_EQ(got, first) << "two runs differ";
       }
       BT_EXPECT_REL(first, ref.vals(), 1e-5, "bf16 into f32");
+    }
+  }
+}
+
+// Note [The embedding backward by sorted runs]: each row sums in index order,
+// onto zeros or (accumulate) onto what the table holds, as the CPU's loop
+// does, so the bits are the CPU's -- for a row of many terms (a frequent
+// token: runs longer than the four loads in flight) and for rows no index
+// names, which accumulate leaves as they were. Indices outside [0, num) add
+// nothing (the CPU, which refuses them, runs without them).
+TEST(CudaEmbedding, BackwardIsTheCpuBitsOntoZerosOrTheTable) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
+  for (const auto& [dt, gdt] : dtypes) {
+    for (int64_t dim : {5, 64, 768}) {
+      const int64_t num = 300, n = 4000;
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " into " << dtype_name(gdt) << " dim " << dim);
+      std::vector<int32_t> idx = random_indices(n, num, gen);
+      for (size_t i = 0; i < idx.size(); i += 4) idx[i] = 7;  // a run of 1000 terms
+      std::vector<int32_t> in_range;
+      std::vector<size_t> kept;
+      for (size_t i = 0; i < idx.size(); ++i) {
+        if (i % 97 == 5) idx[i] = i % 2 ? static_cast<int32_t>(num) : -3;  // outside: adds nothing
+        if (idx[i] >= 0 && idx[i] < num) in_range.push_back(idx[i]), kept.push_back(i);
+      }
+      const HostBuf g = randn_buf(dt, n * dim, gen);
+      HostBuf g_kept(dt, static_cast<int64_t>(kept.size()) * dim);
+      const size_t es = dtype_size(dt);
+      for (size_t k = 0; k < kept.size(); ++k)
+        std::memcpy(g_kept.bytes.data() + k * dim * es, g.bytes.data() + kept[k] * dim * es, dim * es);
+      const HostBuf start = randn_buf(gdt, num * dim, gen);
+      DevBuf dg(g), didx(upload_vector(idx));
+      DevBuf scratch(cuda::embedding_backward_scratch_floats(n, num) * sizeof(float));
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+        HostBuf ref = start;
+        cpu::embedding_backward(dt, gdt, g_kept.data(), in_range.data(),
+                                static_cast<int64_t>(in_range.size()), num, dim, ref.data(), accumulate);
+        DevBuf dtab(start);
+        if (!accumulate) dtab.poison();
+        scratch.poison();
+        cuda::embedding_backward(dt, gdt, dg.get(), didx.as<int32_t>(), n, num, dim, dtab.get(), accumulate,
+                                 scratch.as<float>(), nullptr);
+        EXPECT_EQ(first_byte_mismatch(dtab.to_host(gdt, num * dim).bytes, ref.bytes, dtype_size(gdt)), -1);
+      }
     }
   }
 }

@@ -122,6 +122,42 @@ TEST(CudaReduce, ColumnSumsGiveTheSameBitsAlignedOrNot) {
   }
 }
 
+// Note [Sums over a short dim, 8 bytes a thread]: a short dim over a wide
+// inner one -- GPT's position-embedding gradient, [1, 16, 1024 x 768] -- gives
+// the same bits 8-byte aligned (a thread per pack) and one element off (the
+// 32 x 8 blocks), Sum and Mean, f32 and bf16 into f32, dim below and above 8.
+TEST(CudaReduce, ShortDimSumsGiveTheSameBitsAlignedOrNot) {
+  BT_SKIP_WITHOUT_GPU();
+  BT_SEED(seed);
+  std::mt19937 gen(seed);
+  const Shape shapes[] = {{1, 16, 1024 * 768}, {3, 5, 256}, {2, 64, 40}, {1, 9, 8}};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean}) {
+      for (const Shape& s : shapes) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " op " << static_cast<int>(op) << " ["
+                                          << s.outer << ", " << s.dim << ", " << s.inner << "]");
+        ASSERT_EQ(cuda::reduce_dim_scratch_floats(op, s.outer, s.dim, s.inner), 0u) << "a one-pass shape";
+        const int64_t n_in = s.outer * s.dim * s.inner, n_out = s.outer * s.inner;
+        const HostBuf in = random_buf(dt, n_in, gen, -1.0, 1.5);
+        HostBuf ref(DType::F32, n_out);
+        cpu::reduce_dim(op, dt, DType::F32, in.data(), ref.data(), s.outer, s.dim, s.inner);
+        const size_t es = dtype_size(dt);
+        DevBuf din(in.size_bytes() + 16), dout(ref.size_bytes());
+        std::vector<double> got[2];
+        for (int off : {0, 1}) {
+          unsigned char* p = din.as<unsigned char>() + off * es;
+          BT_CUDA_CHECK(cudaMemcpy(p, in.data(), in.size_bytes(), cudaMemcpyHostToDevice));
+          dout.poison();
+          cuda::reduce_dim(op, dt, DType::F32, p, dout.get(), s.outer, s.dim, s.inner, nullptr, nullptr);
+          got[off] = dout.to_host(DType::F32, n_out).vals();
+        }
+        BT_EXPECT_REL(got[0], ref.vals(), 1e-5, "aligned");
+        EXPECT_EQ(got[0], got[1]) << "aligned and unaligned inputs differ";
+      }
+    }
+  }
+}
+
 // A bf16 input summed into an f32 output (a bias gradient for an f32 master),
 // one pass and split, against the CPU's at f32's tolerance (an output rounded
 // to bf16 fails it), and the split bitwise repeatable.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/autograd/engine.h"
 #include "runtime/autograd/function.h"
 #include "runtime/bt.h"
 
@@ -182,6 +183,38 @@ TEST(Autograd, ASharedGradientIsNotSummedInPlace) {
   add(t, sum(mul(s, 2.0))).backward();
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{5, 5}));
   EXPECT_EQ(z.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+}
+
+// Note [Adding into the gradient so far]: a backward that adds its gradient
+// into the one its input holds so far, and returns that buffer, leaves the
+// sum as it is (not added twice, not lost). A buffer that a node yet to run
+// also holds is not offered.
+TEST(Autograd, ABackwardAddsIntoTheGradientSoFar) {
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared" : "sole");
+    Tensor p = param({1, 2, 3}), q = param({0, 0, 0});
+    // z's node is older than the one below, so it runs after it, still
+    // holding the gradient that AddBackward hands to both w and z.
+    Tensor w = mul(p, 1.0), z = mul(q, 1.0);
+    bool offered = false;
+    Tensor y = mul(w.detach(), 2.0);
+    autograd::record("TwiceAddingInto", {&w}, y, [&offered](autograd::Grads& g) -> autograd::Grads {
+      Tensor so_far = autograd::gradient_so_far(0);
+      offered = so_far.defined();
+      Tensor mine = mul(g[0], 2.0);
+      if (!offered) return {mine};
+      so_far.add_(mine);
+      return {so_far};
+    });
+    // Recorded after y, so its gradient reaches w first.
+    Tensor later = shared ? sum(mul(add(w, z), 3.0)) : sum(mul(w, 3.0));
+    add(sum(y), later).backward();
+    EXPECT_EQ(offered, !shared);
+    EXPECT_EQ(p.grad().to_vector<float>(), (std::vector<float>{5, 5, 5}));
+    if (shared) {
+      EXPECT_EQ(q.grad().to_vector<float>(), (std::vector<float>{3, 3, 3}));
+    }
+  }
 }
 
 TEST(Autograd, SharedSubexpressionSumsBothPaths) {
