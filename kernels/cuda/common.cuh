@@ -197,9 +197,11 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-/// s + the column of `rows` partials p[0], p[stride], ... added in order, eight
-/// loads in flight: a few microseconds of L2 latency instead of one load's a
-/// term (the split passes' second halves are that latency and nothing else).
+
+/// s + the column of `rows` partials p[0], p[stride], ... added in order, with
+/// eight loads in flight: one L2 round trip for every eight terms instead of
+/// one a term (the split passes' second halves are that latency and nothing
+/// else).
 __device__ __forceinline__ float add_in_order(float s, const float* __restrict__ p, int64_t rows,
                                               int64_t stride) {
   int64_t r = 0;
