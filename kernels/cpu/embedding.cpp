@@ -27,8 +27,11 @@ void check_indices(const char* kernel, const int32_t* idx, int64_t n, int64_t nu
              num, ") (the embedding table has ", num, " rows)");
 }
 
-/// dtable (O: T, or float for bf16 dout) = the rows of d added by index, onto
-/// zeros or (accumulate) onto what dtable holds.
+/// dtable (O: T, or float for bf16 dout) = the rows of d added by index; with
+/// accumulate, each named row's sum (rounded to O) is added onto what dtable
+/// holds, as the engine would add a zeroed table's (Note [Adding into the
+/// gradient so far], runtime/autograd/engine.cpp), and the other rows are
+/// left as they are.
 template <class T, class O>
 void backward_rows(const T* d, const int32_t* idx, int64_t n, int64_t num, int64_t dim, O* tab,
                    bool accumulate) {
@@ -38,28 +41,41 @@ void backward_rows(const T* d, const int32_t* idx, int64_t n, int64_t num, int64
   // land in its rows, in index order, so every row sums as in a serial loop
   // (whatever the chunks). A chunk holds >= 8n elements, so the scans cost
   // little. An output of the compute type (F32, F64, BF16 into F32) is the
-  // accumulator itself; BF16 accumulates in A and rounds once on store.
+  // accumulator itself unless accumulating; otherwise sums go to a buffer of
+  // the chunk's own and are rounded once on store.
   const int64_t grain = grain_for(dim, std::max<int64_t>(8 * n, int64_t{1} << 16));
   parallel_for(0, num, grain, [&](int64_t lo, int64_t hi) {
     std::vector<A> acc;
-    A* base;
-    if constexpr (std::is_same_v<A, O>) {
-      base = tab + lo * dim;
+    std::vector<char> hit;
+    A* base = nullptr;
+    if constexpr (std::is_same_v<A, O>)
+      if (!accumulate) base = tab + lo * dim;
+    if (base != nullptr) {
+      std::fill(base, base + (hi - lo) * dim, A(0));
     } else {
-      acc.resize(static_cast<size_t>((hi - lo) * dim));
+      acc.assign(static_cast<size_t>((hi - lo) * dim), A(0));
       base = acc.data();
     }
-    if (!accumulate)
-      std::fill(base, base + (hi - lo) * dim, A(0));
-    else if constexpr (!std::is_same_v<A, O>)
-      for (int64_t e = 0; e < (hi - lo) * dim; ++e) base[e] = load(tab, lo * dim + e);
+    if (accumulate) hit.assign(static_cast<size_t>(hi - lo), 0);
     for (int64_t i = 0; i < n; ++i) {
       if (idx[i] < lo || idx[i] >= hi) continue;
       A* row = base + (idx[i] - lo) * dim;
       for (int64_t j = 0; j < dim; ++j) row[j] += load(d, i * dim + j);
+      if (accumulate) hit[static_cast<size_t>(idx[i] - lo)] = 1;
     }
-    if constexpr (!std::is_same_v<A, O>)
-      for (int64_t e = 0; e < (hi - lo) * dim; ++e) store(tab, lo * dim + e, acc[e]);
+    if (accumulate) {
+      for (int64_t r = 0; r < hi - lo; ++r) {
+        if (!hit[static_cast<size_t>(r)]) continue;
+        for (int64_t j = 0; j < dim; ++j) {
+          const int64_t e = r * dim + j, t = lo * dim + e;
+          O sum;
+          store(&sum, 0, acc[static_cast<size_t>(e)]);  // the row's sum as a table of O holds it
+          store(tab, t, load(tab, t) + load(&sum, 0));
+        }
+      }
+    } else if constexpr (!std::is_same_v<A, O>) {
+      for (int64_t e = 0; e < (hi - lo) * dim; ++e) store(tab, lo * dim + e, acc[static_cast<size_t>(e)]);
+    }
   });
 }
 

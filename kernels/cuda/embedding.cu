@@ -6,14 +6,16 @@
 // atomics. The indices are sorted with their positions (CUB's radix sort,
 // stable, so each row's positions stay in index order); each run of equal
 // keys is one table row, and 16-byte packs of that row are summed by one
-// thread each, from the row's current value (accumulate) or from zero, in
-// position order, several rows' loads in flight, then stored once. A run of
-// many terms (a frequent token) is the longest chain; rows outside every run
-// are never read or written, so adding into an existing gradient (GPT's tied
+// thread each, from zero, in position order, several rows' loads in flight,
+// then stored once -- or, with accumulate, added onto the row's value, as
+// the engine would add a zeroed table holding these sums. A run of many
+// terms (a frequent token) is the longest chain; rows outside every run are
+// never read or written, so adding into an existing gradient (GPT's tied
 // wte: its head's gradient, Note [Adding into the gradient so far] in
-// runtime/autograd/engine.cpp) costs the touched rows alone. An index outside
-// [0, num) sorts last (key num) and adds nothing. Sums are in float; a bf16
-// table is rounded once, on the store.
+// runtime/autograd/engine.cpp) costs the touched rows alone and gives the
+// bits of the sum it replaces. An index outside [0, num) sorts last (key
+// num) and adds nothing. Sums are in float; a bf16 table is rounded as a
+// zeroed one would hold the sum.
 #include <algorithm>
 #include <bit>
 #include <climits>
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(256)
   float s[V];
   O* dst = out + static_cast<int64_t>(k) * dim + col;
 #pragma unroll
-  for (int v = 0; v < V; ++v) s[v] = accumulate ? to_float(dst[v]) : 0.0f;
+  for (int v = 0; v < V; ++v) s[v] = 0.0f;
   auto add = [&](const In& x) {
 #pragma unroll
     for (int v = 0; v < V; ++v) s[v] += to_float(x.v[v]);
@@ -99,8 +101,12 @@ __global__ void __launch_bounds__(256)
     add(a), add(b), add(c), add(e);
   }
   for (; j < n && keys[j] == k; ++j) add(row(j));
+    // With accumulate the row's sum, rounded to O, is added onto the row: the
+    // bits of the engine adding a zeroed table's gradient to the one so far.
 #pragma unroll
-  for (int v = 0; v < V; ++v) dst[v] = from_float<O>(s[v]);
+  for (int v = 0; v < V; ++v)
+    dst[v] =
+        accumulate ? from_float<O>(to_float(dst[v]) + to_float(from_float<O>(s[v]))) : from_float<O>(s[v]);
 }
 
 /// The workspace's layout: keys and positions, in and sorted, then CUB's.

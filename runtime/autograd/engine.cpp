@@ -57,9 +57,12 @@ using Pending = std::unordered_map<Node*, std::vector<Tensor>>;
 // gradient_so_far(i) gives the running node that buffer, under the test of
 // Note [Stealing the gradient] (nothing else holds it), and not under lazy
 // fusion, where sums are recorded. A node that adds into it returns the same
-// tensor, and accumulate() sees that and adds nothing. The order of the sum
-// changes (the head's gradient first, then each row in index order), not the
-// determinism: the engine's node order is fixed.
+// tensor, and accumulate() sees that and adds nothing. It must give the
+// bits of the sum it replaces: under lazy fusion, or when the buffer is
+// shared, the engine still adds, and train.compile on and off must agree
+// bit for bit (TrainDist.CompileMatchesUnderDdpAndZero3). So the embedding
+// adds each named row's own sum, rounded as its zeroed table would hold it,
+// onto the head's gradient: the engine's add, on those rows only.
 struct Running {
   const Node* node = nullptr;
   Pending* pending = nullptr;

@@ -53,13 +53,22 @@ TEST(EmbeddingCpu, ForwardAndBackward) {
         if (std::find(idx.begin(), idx.end(), r) == idx.end()) {
           for (int64_t j = 0; j < dim; ++j) ASSERT_EQ(dtable.get(r * dim + j), 0.0) << "unused row " << r;
         }
-      // With accumulate the rows add onto what the table holds; unused rows keep it.
+      // With accumulate each named row's sum is added onto what the table
+      // holds -- in f32 and f64 the very bits of adding the zeroed table's
+      // result (what the engine did before, Note [Adding into the gradient so
+      // far]) -- and unused rows keep what they held.
+      const std::vector<double> zeroed = dtable.vals();
       for (int64_t i = 0; i < dtable.n; ++i) dtable.set(i, 5.0);
       cpu::embedding_backward(dt, grad_dt, dout.data(), idx.data(), n, num, dim, dtable.data(),
                               /*accumulate=*/true);
       std::vector<double> onto(rgrad);
       for (double& v : onto) v += 5.0;
       EXPECT_LT(rel_err(dtable.vals(), onto), tol(grad_dt)) << "accumulate";
+      if (grad_dt != DType::BF16) {
+        Buf added(grad_dt, num * dim);
+        for (int64_t i = 0; i < added.n; ++i) added.set(i, 5.0 + zeroed[static_cast<size_t>(i)]);
+        EXPECT_EQ(dtable.vals(), added.vals()) << "accumulate is the zeroed table's sum added on";
+      }
       for (int64_t r = 0; r < num; ++r)
         if (std::find(idx.begin(), idx.end(), r) == idx.end()) {
           for (int64_t j = 0; j < dim; ++j)

@@ -124,9 +124,9 @@ TEST(CudaEmbedding, Bf16IntoF32MatchesCpu) {
   }
 }
 
-// Note [The embedding backward by sorted runs]: each row sums in index order,
-// onto zeros or (accumulate) onto what the table holds, as the CPU's loop
-// does, so the bits are the CPU's -- for a row of many terms (a frequent
+// Note [The embedding backward by sorted runs]: each row sums in index order
+// from zero, and with accumulate that sum is added onto what the table holds,
+// as on the CPU, so the bits are the CPU's -- for a row of many terms (a frequent
 // token: runs longer than the four loads in flight) and for rows no index
 // names, which accumulate leaves as they were. Indices outside [0, num) add
 // nothing (the CPU, which refuses them, runs without them).
