@@ -57,16 +57,22 @@ struct PlainRows {
 // any is used), and rows.use(raw, j, col) returns the pack to add, writing
 // whatever the pass writes. A pass that returns the very packs it stores
 // sums the values a later reduce_dim over its output would.
+//   With kPipe, the loads of the next four rows are issued before these four
+// are used, so a pass whose use() computes (the GELU backward's tanh) keeps
+// its loads in flight while it computes: 128 registers, two blocks an SM
+// (Note [The MLP's GELU backward in one pass]). The rows are still added in
+// the same order.
 /// Block (32, 8) over columns [it * 32 V, (it + 1) * 32 V) and rows
 /// [c * chunk, min(dim, (c + 1) * chunk)); writes partial[col] for its columns
 /// (partial points at the (chunk, outer) row of the scratch), or nothing when
 /// partial is null.
-template <typename T, class Rows>
+template <typename T, bool kPipe = false, class Rows>
 __device__ __forceinline__ void column_partials_vec(const Rows& rows, float* __restrict__ partial,
                                                     int64_t dim, int64_t inner, int64_t it, int64_t c,
                                                     int64_t chunk) {
-  constexpr int V = kVec16<T>;
+  constexpr int V = kVec16<T>, G = 4;  // G rows in flight
   using P = Pack<T, V>;
+  using Raw = typename Rows::Raw;
   __shared__ float sv[8][32 * V + 1];
   const int64_t lo = c * chunk, hi = min(dim, lo + chunk);
   const int64_t col = (it * 32 + threadIdx.x) * V;  // this thread's first column
@@ -79,11 +85,35 @@ __device__ __forceinline__ void column_partials_vec(const Rows& rows, float* __r
       for (int v = 0; v < V; ++v) sum[v] += to_float(x.v[v]);
     };
     int64_t j = lo + threadIdx.y;
-    for (; j + 24 < hi; j += 32) {  // 4 rows in flight, added in row order
-      const auto a = rows.load(j, col), b = rows.load(j + 8, col), d = rows.load(j + 16, col),
-                 e = rows.load(j + 24, col);
-      add(rows.use(a, j, col)), add(rows.use(b, j + 8, col)), add(rows.use(d, j + 16, col)),
-          add(rows.use(e, j + 24, col));
+    if constexpr (kPipe) {
+      if (j + 8 * (G - 1) < hi) {
+        Raw cur[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) cur[g] = rows.load(j + 8 * g, col);
+        for (;;) {  // cur holds rows j, j + 8, ...; the next G rows load while they are used
+          const int64_t jn = j + 8 * G;
+          const bool more = jn + 8 * (G - 1) < hi;
+          Raw next[G];
+          if (more) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) next[g] = rows.load(jn + 8 * g, col);
+          }
+#pragma unroll
+          for (int g = 0; g < G; ++g) add(rows.use(cur[g], j + 8 * g, col));
+          j = jn;
+          if (!more) break;
+#pragma unroll
+          for (int g = 0; g < G; ++g) cur[g] = next[g];
+        }
+      }
+    } else {
+      for (; j + 8 * (G - 1) < hi; j += 8 * G) {  // G rows in flight, added in row order
+        Raw r[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) r[g] = rows.load(j + 8 * g, col);
+#pragma unroll
+        for (int g = 0; g < G; ++g) add(rows.use(r[g], j + 8 * g, col));
+      }
     }
     for (; j < hi; j += 8) add(rows.use(rows.load(j, col), j, col));
   }

@@ -2,6 +2,7 @@
 // aligned. The MLP's backward pass in one (Note [The MLP's GELU backward in
 // one pass]).
 #include <climits>
+#include <type_traits>
 
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/common.cuh"
@@ -70,6 +71,15 @@ __global__ void gelu_bwd_kernel(const T* x, const T* dy, T* dx, int64_t n) {
 // the sums reduce_dim's over dPre with scratch -- the same expressions on the
 // same values, and the same chunks and order. Layouts the 16-byte kernel does
 // not take run those three kernels.
+//   In bf16 the pass moves 8 bytes per tanh (f32 without h: 12), so the
+// arithmetic is no longer hidden for free: a warp that waits for its four
+// rows and then computes them issues no loads meanwhile. GPT-2's pass took
+// 122.8 us on an H200 that way (3.3 TB/s). With the next four rows' loads
+// issued before these are used (column_partials_vec's kPipe: 128 registers,
+// two blocks an SM) it takes 115.4 us; in f32 both forms take 144.5 us, so
+// f32 keeps four blocks an SM. A cheaper tanh did not help: tanhf's formula
+// for large arguments used for all (7 instructions instead of about 20) made
+// the unpipelined pass slower (129.1 us) and the pipelined one 120.7 us.
 template <typename T, bool kH>
 struct GeluGradRows {
   using P = Pack<T, kVec16<T>>;
@@ -99,12 +109,17 @@ struct GeluGradRows {
   }
 };
 
+/// kPipe: bf16, where the pass computes most per byte.
+template <typename T>
+inline constexpr bool kGeluPipe = std::is_same_v<T, bf16_t>;
+
 template <typename T, bool kH>
-__global__ void __launch_bounds__(256, 4) gelu_bwd_fused_kernel(const T* pre, T* g, T* h, float* partial,
-                                                                int64_t rows, int64_t cols, int64_t chunk) {
+__global__ void __launch_bounds__(256, kGeluPipe<T> ? 2 : 4)
+    gelu_bwd_fused_kernel(const T* pre, T* g, T* h, float* partial, int64_t rows, int64_t cols,
+                          int64_t chunk) {
   const int64_t it = blockIdx.x, c = blockIdx.y;
-  column_partials_vec<T>(GeluGradRows<T, kH>{pre, g, h, cols}, partial ? partial + c * cols : nullptr, rows,
-                         cols, it, c, chunk);
+  column_partials_vec<T, kGeluPipe<T>>(GeluGradRows<T, kH>{pre, g, h, cols},
+                                       partial ? partial + c * cols : nullptr, rows, cols, it, c, chunk);
 }
 
 }  // namespace
