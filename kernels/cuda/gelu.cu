@@ -76,10 +76,11 @@ __global__ void gelu_bwd_kernel(const T* x, const T* dy, T* dx, int64_t n) {
 // rows and then computes them issues no loads meanwhile. GPT-2's pass took
 // 122.8 us on an H200 that way (3.3 TB/s). With the next four rows' loads
 // issued before these are used (column_partials_vec's kPipe: 128 registers,
-// two blocks an SM) it takes 115.4 us; in f32 both forms take 144.5 us, so
-// f32 keeps four blocks an SM. A cheaper tanh did not help: tanhf's formula
-// for large arguments used for all (7 instructions instead of about 20) made
-// the unpipelined pass slower (129.1 us) and the pipelined one 120.7 us.
+// two blocks an SM) it took 115.4 us on another H200 (on one card, the kernel
+// benchmark: 3238 GB/s against 2981-3021). In f32 both forms take 144.5 us,
+// so f32 keeps four blocks an SM. A cheaper tanh did not help: tanhf's
+// formula for large arguments used for all (7 instructions instead of about
+// 20) made the unpipelined pass slower (129.1 us), the pipelined one 120.7.
 template <typename T, bool kH>
 struct GeluGradRows {
   using P = Pack<T, kVec16<T>>;
