@@ -101,9 +101,9 @@ __global__ void __launch_bounds__(256)
     add(a), add(b), add(c), add(e);
   }
   for (; j < n && keys[j] == k; ++j) add(row(j));
-    // With accumulate the row's sum, rounded to O, is added onto the row: the
-    // bits of the engine adding a zeroed table's gradient to the one so far.
 #pragma unroll
+  // With accumulate the row's sum, rounded to O, is added onto the row: the
+  // bits of the engine adding a zeroed table's gradient to the one so far.
   for (int v = 0; v < V; ++v)
     dst[v] =
         accumulate ? from_float<O>(to_float(dst[v]) + to_float(from_float<O>(s[v]))) : from_float<O>(s[v]);
