@@ -218,7 +218,7 @@ Row gemm_row(Timer& timer, cudaStream_t s, const GemmCfg& c, const GemmShape& sh
   if (x3) ref.math = GemmMath::Strict;
   const double theirs = timer.median_ms([&] { cuda::cublas_reference_gemm(ref, s); }, s);
   const double flops = 2.0 * sh.m * sh.n * sh.k;
-  return {kernel,
+  return {cuda::gemm_uses_dmma(g) ? kernel + " [FP64 tensor cores]" : kernel,
           std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k),
           "TFLOP/s",
           flops / (ours * 1e-3) / 1e12,

@@ -1,6 +1,7 @@
 // The linear-algebra layer: row-major (batched) GEMM with optional bias and
 // GELU epilogues, and the GELU-gradient epilogue of the MLP's backward.
-// OpenBLAS on CPU, cuBLASLt on CUDA.
+// OpenBLAS on CPU, cuBLASLt on CUDA; strict F32 on sm_90 on the FP64 tensor
+// cores (Note [Strict fp32 on the FP64 tensor cores]).
 //
 //   C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]   (then + bias, then GELU)
 //
@@ -55,6 +56,32 @@ namespace bt::kernels {
 // inputs give non-finite results, but an inf may come out as NaN (inf * 0 in
 // a small product), and a finite |x| within 2^-12 of FLT_MAX has an infinite
 // big part.
+
+// Note [Strict fp32 on the FP64 tensor cores]
+// Strict fp32 (GemmMath::Strict) promises what SGEMM does: the fp32 operands
+// as they are, no TF32 or bf16 rounding, results in fp32. On Hopper (sm_90)
+// the FP64 tensor cores deliver that faster and more exactly than SGEMM. An
+// H200 measured (bench/RESULTS.md, issue 18 step 21): mma.sync m16n8k16 f64
+// at 66.5 TFLOP/s, the FFMA pipe at 65.0 -- the same peak -- but cuBLAS's
+// DGEMM reaches 58-60 TFLOP/s on GPT-2's shapes where its SGEMM reaches
+// 44-50: a DMMA does 2048 FMAs in one instruction, so the issue slots that
+// SGEMM's FFMAs, loads and register-bank conflicts compete for are free.
+// The kernel (kernels/cuda/gemm/gemm_dmma.cu) reads fp32 tiles and widens
+// them to fp64 in registers, exactly; a product of two fp32 values is exact
+// in fp64 (24 + 24 < 53 significant bits), the K products are summed in
+// fp64, and alpha, beta C and the bias are added in fp64 before C is rounded
+// to fp32 once. So each element is the exact result rounded once, up to the
+// fp64 sums' error (K 2^-53 of the sum of |terms|), where SGEMM carries up to
+// K 2^-24 (CudaGemmDmma.IsCloserToFloat64ThanSgemm). The order of the sums is
+// fixed by the tiling, so the results are bitwise repeatable, and a row's
+// results do not depend on which other rows share the GEMM.
+//   It runs where gemm_uses_dmma says: F32 under GemmMath::Strict with an F32
+// C, 16-byte aligned A and B with leading dimensions and batch strides in
+// whole 4-float chunks, on a compute capability 9.x device with the sm_90
+// code built (the m16n8k16 f64 mma is sm_90's; other parts were not
+// measured, and consumer ones have little FP64). Elsewhere strict fp32 stays
+// cuBLAS's SGEMM, as it does with BT_GEMM_DMMA=0. The bias epilogue is fused; GELU epilogues
+// and bias_grad run after the product (Note [Fused bias gradient]).
 
 enum class Epilogue : uint8_t {
   None,
@@ -194,7 +221,8 @@ void gemm(const GemmArgs& args);
 namespace cuda {
 /// Floats of device scratch that gemm(args) needs: 0 unless an F32 GEMM runs
 /// Tf32x3 (the split operands; at most 512 MiB, the GEMM runs in pieces when
-/// more would be needed).
+/// more would be needed) or splits K on the FP64 tensor cores (fp64 partial
+/// products, at most 64 MiB; without the scratch it does not split).
 size_t gemm_scratch_floats(const GemmArgs& args);
 /// The size of each piece a Tf32x3 GEMM runs in, in batch items, rows and
 /// columns of C, and K (Note [Two copies or three] in kernels/cuda/gemm/gemm_x3.cu), with
@@ -212,6 +240,14 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch = nullptr, s
 /// product, for tests and benchmarks to report what cuBLASLt fused:
 /// CUBLASLT_EPILOGUE_DEFAULT when the epilogue ran as kernels after it.
 uint32_t last_lt_epilogue();
+/// Note [Strict fp32 on the FP64 tensor cores]: whether this device runs
+/// them (compute capability 9.x, with the sm_90 code built), whether they
+/// are on (BT_GEMM_DMMA=0 at start turns them off; set_gemm_dmma changes it,
+/// for tests and benchmarks), and whether gemm(args) takes them.
+bool gemm_dmma_available();
+bool gemm_dmma_enabled();
+void set_gemm_dmma(bool on);
+bool gemm_uses_dmma(const GemmArgs& args);
 /// Plain cuBLAS (cublasGemmEx / cublasSgemm), used only as the benchmark ceiling.
 void cublas_reference_gemm(const GemmArgs& args, cudaStream_t stream);
 }  // namespace cuda

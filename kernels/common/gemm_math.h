@@ -8,7 +8,8 @@
 namespace bt::kernels {
 
 enum class GemmMath : uint8_t {
-  Strict,  // fp32 FMAs (SGEMM)
+  Strict,  // fp32 operands as they are: SGEMM, or on sm_90 the FP64 tensor cores
+           // (Note [Strict fp32 on the FP64 tensor cores] in kernels/gemm.h)
   Tf32,    // one TF32 tensor-core product (CUDA; the CPU computes Strict)
   Tf32x3,  // error-compensated TF32 (Note [3xTF32] in kernels/gemm.h)
 };

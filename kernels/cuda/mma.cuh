@@ -35,6 +35,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
+/// 16-byte asynchronous copy global -> shared of its first `bytes` (0 to 16,
+/// a multiple of 4); the rest of the 16 destination bytes is zero-filled. src
+/// must be a valid 16-byte aligned address even when bytes == 0.
+__device__ __forceinline__ void cp_async_bytes(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
 /// 4-byte asynchronous copy global -> shared, zero-filled when !valid.
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 4 : 0;

@@ -344,6 +344,14 @@ void gemm(const GemmArgs& args, cudaStream_t stream, float* scratch, size_t scra
     if (a.bias_grad) bias_grad_sum(a, c_dtype, stream);
     return;
   }
+  if (gemm_uses_dmma(a)) {                          // Note [Strict fp32 on the FP64 tensor cores]
+    gemm_dmma(a, stream, scratch, scratch_floats);  // with the Bias epilogue, the rest after it
+    t_last_lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (a.epilogue != Epilogue::None && a.epilogue != Epilogue::Bias)
+      apply_epilogue(a, c_dtype, false, stream);
+    if (a.bias_grad) bias_grad_sum(a, c_dtype, stream);
+    return;
+  }
   if (!product(a, stream) && a.bias_grad) bias_grad_sum(a, c_dtype, stream);
 }
 

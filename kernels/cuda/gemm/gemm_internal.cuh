@@ -2,6 +2,8 @@
 //   gemm.cu           cuBLASLt handles, workspaces, plans and the product
 //   gemm_epilogue.cu  what runs after the product when cuBLASLt does not fuse it
 //   gemm_x3.cu        3xTF32 (Note [3xTF32] in kernels/gemm.h)
+//   gemm_dmma.cu      strict fp32 on the FP64 tensor cores (Note [Strict fp32
+//                     on the FP64 tensor cores] in kernels/gemm.h)
 // Not a public header: include it only from those files.
 #pragma once
 
@@ -55,6 +57,16 @@ void apply_epilogue(const GemmArgs& a, DType c_dtype, bool scale_mode, cudaStrea
 /// Note [Fused bias gradient] without cuBLASLt: op(A) summed over k, or for
 /// DGeluBgrad C over m (Note [GELU-gradient epilogue]).
 void bias_grad_sum(const GemmArgs& a, DType c_dtype, cudaStream_t stream);
+
+// gemm_dmma.cu
+/// The strict-fp32 product on the FP64 tensor cores, C = alpha op(A) op(B) +
+/// beta C, plus the bias with Epilogue::Bias (the caller applies any other
+/// epilogue and bias_grad after it); only where gemm_uses_dmma(a). With
+/// `scratch` (scratch_floats of it, or dmma_scratch_floats(a) when 0) it may
+/// split K (Note [Split K in fp64] in gemm_dmma.cu).
+void gemm_dmma(const GemmArgs& a, cudaStream_t stream, float* scratch, size_t scratch_floats);
+/// The scratch gemm_dmma(a) splits K with, in floats; 0 when it does not split.
+size_t dmma_scratch_floats(const GemmArgs& a);
 
 // gemm_x3.cu
 /// The 3xTF32 GEMM in pieces `p` (gemm_x3_pieces), its split operands in

@@ -424,8 +424,8 @@ void gemm_x3(const GemmArgs& a, const GemmPieces& p, float* scratch, cudaStream_
 }  // namespace gemm_detail
 
 size_t gemm_scratch_floats(const GemmArgs& a) {
-  if (a.dtype != DType::F32 || a.math != GemmMath::Tf32x3 || a.batch <= 0 || a.m <= 0 || a.n <= 0 || a.k <= 0)
-    return 0;
+  if (a.dtype != DType::F32 || a.batch <= 0 || a.m <= 0 || a.n <= 0 || a.k <= 0) return 0;
+  if (a.math != GemmMath::Tf32x3) return gemm_uses_dmma(a) ? gemm_detail::dmma_scratch_floats(a) : 0;
   GemmArgs g = a;
   if (g.batch <= 1) g.stride_a = g.stride_b = g.stride_c = 0;
   return static_cast<size_t>(x3_floats(g, x3_pieces(g, static_cast<int64_t>(x3_scratch_floats()))));

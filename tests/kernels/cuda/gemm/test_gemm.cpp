@@ -792,8 +792,12 @@ TEST(CudaGemm, Tf32x3IsAsCloseToFloat64AsSgemm) {
     double err[3];
     const GemmMath maths[3] = {GemmMath::Strict, GemmMath::Tf32x3, GemmMath::Tf32};
     for (int i = 0; i < 3; ++i) {
+      // Strict as cuBLAS's SGEMM, not the FP64 tensor cores (Note [Strict fp32 on the FP64 tensor cores]).
+      const bool dmma = cuda::gemm_dmma_enabled();
+      cuda::set_gemm_dmma(false);
       std::mt19937 gen(static_cast<uint32_t>(seed + k));  // the same inputs for all three
       err[i] = gpu_error_vs_float64(96, 80, k, maths[i], gen);
+      cuda::set_gemm_dmma(dmma);
     }
     std::printf("k %4lld: strict %.3e, 3xtf32 %.3e, tf32 %.3e\n", static_cast<long long>(k), err[0], err[1],
                 err[2]);
