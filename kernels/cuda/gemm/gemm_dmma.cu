@@ -10,9 +10,9 @@
 // before the mma (3 F2F a m16n8k16 cost the DMMA pipe under 1% on an H200).
 // Each thread's copies step by fixed strides from pointers set up once, and
 // the next stage's copies are issued behind the first products of this one:
-// recomputing each copy's 64-bit address and bounds every stage was about 240
-// of the loop's 430 instructions a stage (16 of them DMMAs), and 128 x 64
-// tiles went from 52.1 to 56.4 TFLOP/s on the MLP's forward shape without it
+// recomputing each copy's 64-bit address and bounds every stage took 224 of
+// the loop's 356 instructions a stage (16 of them DMMAs), and 128 x 64 tiles
+// went from 52.1 to 56.4 TFLOP/s on the MLP's forward shape without it
 // (bench/RESULTS.md, issue 18 step 21, with the tile shapes tried).
 //
 // Fragments (PTX ISA, mma.m16n8k16 .f64; g = lane / 4, t = lane % 4):
