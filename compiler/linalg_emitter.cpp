@@ -100,10 +100,42 @@ class Emitter {
     if (from == to) return x;
     const auto width = [](DType t) { return t == DType::F64 ? 64 : t == DType::F32 ? 32 : 16; };
     if (from == DType::F64 && to == DType::BF16) return convert(convert(x, from, DType::F32), DType::F32, to);
+    if (from == DType::F32 && to == DType::BF16) return round_to_bf16(x);
     const std::string r = fresh();
     os_ << "      " << r << " = " << (width(to) > width(from) ? "arith.extf " : "arith.truncf ") << x << " : "
         << mlir_type(from) << " to " << mlir_type(to) << "\n";
     return r;
+  }
+
+  // Note [bf16 rounding in integer ops]
+  // f32 -> bf16 is written out as the eager cast's integer arithmetic
+  // (float_to_bf16_bits, kernels/common/dtype.h: round to nearest even, a NaN
+  // kept with its sign, quieted), not as arith.truncf. LLVM lowers truncf to
+  // bf16 to one instruction where the CPU has AVX512-BF16, and elsewhere to a
+  // call of __truncsfbf2, which Debian 12's libgcc (GCC 12) does not have:
+  // on an AVX2-only machine every group with a bf16 cast failed to link and
+  // ran eagerly. Written out, the kernels link on any x86-64 and give the
+  // eager bits on all of them, NaNs included.
+  std::string round_to_bf16(const std::string& x) {
+    const auto line = [&](const std::string& rhs) {  // one SSA value per line, in order
+      const std::string r = fresh();
+      os_ << "      " << r << " = " << rhs << "\n";
+      return r;
+    };
+    const auto c = [&](int64_t v) { return line("arith.constant " + std::to_string(v) + " : i32"); };
+    const auto op = [&](const char* name, const std::string& a, const std::string& b) {
+      return line(std::string(name) + " " + a + ", " + b + " : i32");
+    };
+    const std::string u = line("arith.bitcast " + x + " : f32 to i32");
+    const std::string c16 = c(16), mag_mask = c(0x7fffffff), inf = c(0x7f800000);
+    const std::string quiet_bit = c(0x40), one = c(1), half = c(0x7fff);
+    const std::string hi = op("arith.shrui", u, c16);
+    const std::string nan = line("arith.cmpi ugt, " + op("arith.andi", u, mag_mask) + ", " + inf + " : i32");
+    const std::string quiet = op("arith.ori", hi, quiet_bit);
+    const std::string bias = op("arith.addi", op("arith.andi", hi, one), half);
+    const std::string rounded = op("arith.shrui", op("arith.addi", u, bias), c16);
+    const std::string sel = line("arith.select " + nan + ", " + quiet + ", " + rounded + " : i32");
+    return line("arith.bitcast " + line("arith.trunci " + sel + " : i32 to i16") + " : i16 to bf16");
   }
 
   void node(int i) {

@@ -19,7 +19,8 @@
 // value that several loop nests of different shapes read (a row mean feeding
 // a normalization) gets a buffer of its own.
 // Numerics follow the eager ops: a bf16 node computes in f32 and rounds once
-// (arith.extf, the f32 op, arith.truncf); a bf16 sum accumulates in f32; a
+// (arith.extf, the f32 op, then the eager rounding written out in integer ops,
+// Note [bf16 rounding in integer ops]); a bf16 sum accumulates in f32; a
 // cast from f64 to bf16 goes through f32, as the eager cast does; no fast-math
 // flags, so nothing is contracted or reassociated.
 //

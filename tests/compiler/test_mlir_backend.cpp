@@ -3,18 +3,23 @@
 // through the eager ops (fusion::run_eager) on random inputs -- f32 within
 // 1e-6 relative, f64 within 1e-12, bf16 within its rounding: elementwise
 // chains with broadcasting, row and column reductions, max, casts, the
-// AdamW + clipping chain, strided inputs, a 0-d result; and the backend's
+// AdamW + clipping chain, strided inputs, a 0-d result; the cast to bf16
+// bit for bit at its edges (NaNs, infinities, ties); and the backend's
 // dumps, its answer for CUDA without a driver, and its installation.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "compiler/mlir_backend.h"
+#include "kernels/common/dtype.h"
 #include "runtime/compile/fusion_backend.h"
 #include "runtime/core/device.h"
 #include "runtime/tensor/factory.h"
@@ -147,6 +152,35 @@ TEST(MlirBackend, CastsRoundAsTheEagerCasts) {
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_EQ(rel_error(out[i], want[i]), 0.0)
         << "output " << i << " is not rounded as the eager cast rounds";
+}
+
+// Note [bf16 rounding in integer ops]: the compiled cast to bf16 gives the
+// eager cast's bits at the edges too -- ties to even, the largest finite
+// values rounding to infinity, infinities, signed zeros, subnormals, and NaNs
+// of both signs with payloads (kept, quieted) -- on any x86-64 (it linked
+// only where the CPU had AVX512-BF16 before).
+TEST(MlirBackend, Bf16RoundingIsTheEagerBitsAtTheEdges) {
+  const std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                      0x3f818000u, 0x3f808001u, 0xbf818000u, 0x3f7fffffu, 0x7f7fffffu,
+                                      0xff7fffffu, 0x7f7f7fffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                      0xffc00000u, 0x7f800001u, 0xff812345u, 0x7fffffffu, 0xffffffffu};
+  const int64_t n = static_cast<int64_t>(bits.size());
+  Group g;
+  g.name = "bf16_edges";
+  g.output(g.cast(g.input(DType::F32, {n}), DType::BF16));
+  Tensor x = empty({n}, TensorOptions{DType::F32});
+  std::memcpy(x.data_ptr(), bits.data(), bits.size() * 4);
+  const std::shared_ptr<fusion::Backend> b = compiler::make_mlir_backend();
+  ASSERT_TRUE(b != nullptr);
+  const std::shared_ptr<fusion::Kernel> k = b->compile(g, Device::cpu());
+  std::vector<Tensor> out = {empty({n}, TensorOptions{DType::BF16})};
+  k->run({x}, out);
+  const uint16_t* got = static_cast<const uint16_t*>(out[0].data_ptr());
+  for (int64_t i = 0; i < n; ++i) {
+    float f;
+    std::memcpy(&f, &bits[i], 4);
+    EXPECT_EQ(got[i], float_to_bf16_bits(f)) << "f32 bits 0x" << std::hex << bits[i];
+  }
 }
 
 TEST(MlirBackend, AdamWWithClippingChain) {
