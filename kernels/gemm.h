@@ -63,25 +63,28 @@ namespace bt::kernels {
 // the FP64 tensor cores deliver that faster and more exactly than SGEMM. An
 // H200 measured (bench/RESULTS.md, issue 18 step 21): mma.sync m16n8k16 f64
 // at 66.5 TFLOP/s, the FFMA pipe at 65.0 -- the same peak -- but cuBLAS's
-// DGEMM reaches 58-60 TFLOP/s on GPT-2's shapes where its SGEMM reaches
-// 44-50: a DMMA does 2048 FMAs in one instruction, so the issue slots that
-// SGEMM's FFMAs, loads and register-bank conflicts compete for are free.
-// The kernel (kernels/cuda/gemm/gemm_dmma.cu) reads fp32 tiles and widens
+// DGEMM reaches 58-60 TFLOP/s on GPT-2's layer shapes (54 on the LM head's)
+// where its SGEMM reaches 44-50: a DMMA does 2048 FMAs in one instruction, so
+// the issue slots that SGEMM's FFMAs, loads and register-bank conflicts
+// compete for are free.
+//   The kernel (kernels/cuda/gemm/gemm_dmma.cu) reads fp32 tiles and widens
 // them to fp64 in registers, exactly; a product of two fp32 values is exact
 // in fp64 (24 + 24 < 53 significant bits), the K products are summed in
 // fp64, and alpha, beta C and the bias are added in fp64 before C is rounded
 // to fp32 once. So each element is the exact result rounded once, up to the
 // fp64 sums' error (K 2^-53 of the sum of |terms|), where SGEMM carries up to
 // K 2^-24 (CudaGemmDmma.IsCloserToFloat64ThanSgemm). The order of the sums is
-// fixed by the tiling, so the results are bitwise repeatable, and a row's
-// results do not depend on which other rows share the GEMM.
+// fixed by the tiling, so the results are bitwise repeatable; where K is not
+// split (Note [Split K in fp64] in gemm_dmma.cu), a row's results do not
+// depend on which other rows share the GEMM.
 //   It runs where gemm_uses_dmma says: F32 under GemmMath::Strict with an F32
 // C, 16-byte aligned A and B with leading dimensions and batch strides in
 // whole 4-float chunks, on a compute capability 9.x device with the sm_90
 // code built (the m16n8k16 f64 mma is sm_90's; other parts were not
 // measured, and consumer ones have little FP64). Elsewhere strict fp32 stays
-// cuBLAS's SGEMM, as it does with BT_GEMM_DMMA=0. The bias epilogue is fused; GELU epilogues
-// and bias_grad run after the product (Note [Fused bias gradient]).
+// cuBLAS's SGEMM, as it does with BT_GEMM_DMMA=0. The bias epilogue is fused;
+// GELU epilogues and bias_grad run after the product (Note [Fused bias
+// gradient]).
 
 enum class Epilogue : uint8_t {
   None,

@@ -1,5 +1,8 @@
 // The process-wide precision policy, one runtime setting:
-//   fp32    strict float32 math everywhere (no TF32)
+//   fp32    strict float32 math everywhere (no TF32): fp32 operands as they
+//           are; on Hopper the GEMMs sum their exact products in fp64 on
+//           the FP64 tensor cores and round once (Note [Strict fp32 on the
+//           FP64 tensor cores] in kernels/gemm.h)
 //   tf32    float32 storage, TF32 tensor cores for matmuls and attention
 //   fp32x3  float32 storage and accumulation, fp32-level accuracy; matmuls run
 //           as error-compensated TF32 on the tensor cores (three TF32
