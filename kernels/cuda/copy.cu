@@ -7,6 +7,7 @@
 //   * floating -> integer: truncate, saturate to the range, NaN -> 0;
 //   * integer -> integer: two's-complement wrap;  to bool: x != 0 (NaN is true).
 // bf16/f16 use the bit algorithms of kernels/common/dtype.h, so NaN payloads match.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -230,7 +231,42 @@ void check_dtype(DType dt, const char* what) {
   BT_CHECK(dtype_size(dt) != 0, "cuda ", what, ": unknown dtype code ", static_cast<int>(dt));
 }
 
+/// What a one-row memset of `count` elements of `element_size` bytes writes:
+/// value's low 8, 16 or 32 bits in each. One block.
+__global__ void memset_node_kernel(void* __restrict__ dst, unsigned value, unsigned element_size,
+                                   unsigned long long count) {
+  for (unsigned long long i = threadIdx.x; i < count; i += blockDim.x) {
+    if (element_size == 1)
+      static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>(value);
+    else if (element_size == 2)
+      static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(value);
+    else
+      static_cast<uint32_t*>(dst)[i] = value;
+  }
+}
+
 }  // namespace
+
+bool memset_kernel_node(const cudaMemsetParams& p, MemsetKernelNode* k) {
+  const unsigned es = p.elementSize;
+  if (p.height != 1 || p.width == 0 || (es != 1 && es != 2 && es != 4) ||
+      p.width > kMemsetKernelMaxBytes / es)
+    return false;
+  k->dst = p.dst;
+  k->value = p.value;
+  k->element_size = es;
+  k->count = p.width;
+  k->args[0] = &k->dst;
+  k->args[1] = &k->value;
+  k->args[2] = &k->element_size;
+  k->args[3] = &k->count;
+  k->params = cudaKernelNodeParams{};
+  k->params.func = reinterpret_cast<void*>(&memset_node_kernel);
+  k->params.gridDim = dim3(1);
+  k->params.blockDim = dim3(static_cast<unsigned>(std::min<size_t>(256, (p.width + 31) / 32 * 32)));
+  k->params.kernelParams = k->args;
+  return true;
+}
 
 void strided_copy(DType src_dt, const void* src, const StridedLayout& layout, DType dst_dt, void* dst,
                   cudaStream_t stream) {

@@ -45,12 +45,16 @@ class CudaGraph {
   bool captured() const { return exec_ != nullptr; }
   /// Nodes (kernels, copies, ...) in the captured graph.
   size_t nodes() const { return nodes_; }
+  /// Memset nodes the capture turned into kernel nodes (Note [Small memsets
+  /// as kernel nodes] in cuda_graph.cpp).
+  size_t memsets_replaced() const { return memsets_replaced_; }
 
  private:
   void reset();
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
   size_t nodes_ = 0;
+  size_t memsets_replaced_ = 0;
 };
 
 }  // namespace bt

@@ -374,8 +374,9 @@ StepStats Trainer::step() {
       try {
         graph_.capture(stream_, [this] { device_step(); });
         notice_ = fmt::format(
-            "step {}: captured the step as a CUDA graph ({} nodes, {:.0f} ms); replaying it from now on",
-            step_ + 1, graph_.nodes(),
+            "step {}: captured the step as a CUDA graph ({} nodes, {} small memsets as kernels, {:.0f} ms); "
+            "replaying it from now on",
+            step_ + 1, graph_.nodes(), graph_.memsets_replaced(),
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
         replay();
       } catch (const Error& e) {
