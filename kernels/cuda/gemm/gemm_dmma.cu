@@ -405,8 +405,8 @@ void gemm_dmma(const GemmArgs& a, cudaStream_t stream, float* scratch, size_t sc
   p.m = a.m, p.n = a.n, p.k = static_cast<int>(a.k), p.lda = a.lda, p.ldb = a.ldb, p.ldc = a.ldc;
   p.stride_a = a.stride_a, p.stride_b = a.stride_b, p.stride_c = a.stride_c;
   p.alpha = a.alpha, p.beta = a.beta;
-  if (scratch_floats == 0 && scratch != nullptr) scratch_floats = dmma_scratch_floats(a);
-  const int splits = scratch ? choose_splits(a, scratch_floats) : 1;
+  // Scratch of unknown size (0 floats) was sized by gemm_scratch_floats: as many splits as that allows.
+  const int splits = scratch ? choose_splits(a, scratch_floats ? scratch_floats : SIZE_MAX) : 1;
   p.splits = splits;
   p.k_split = static_cast<int>((a.k + splits - 1) / splits + BK - 1) / BK * BK;
   p.splits = (p.k + p.k_split - 1) / p.k_split;  // rounding up the splits' K may leave one empty
