@@ -202,9 +202,9 @@ int run_bench(int argc, char** argv) {
       cli::value<std::string>()->default_value("auto"))("device", "cuda, cuda:N or cpu",
                                                         cli::value<std::string>()->default_value("auto"))(
       "repeats",
-      "runs of each side, BluTrain's and every reference's, interleaved; the table reports the median "
-      "tokens/s "
-      "(and the range) and the largest peak memory",
+      "runs of each side, BluTrain's and every reference's, interleaved (each repeat runs every "
+      "reference, then every BluTrain configuration); the table reports the median tokens/s (and the "
+      "range) and the largest peak memory",
       cli::value<int64_t>()->default_value("1"))(
       "reference", "PyTorch references to measure: eager, compile (torch.compile), both or none",
       cli::value<std::string>()->default_value("both"))(
@@ -296,8 +296,25 @@ int run_bench(int argc, char** argv) {
     parse_precision(p);
     c.train.precision = p;
     const std::string ref_p = reference_precision(p);
-    std::vector<std::vector<Side>> ref_runs(modes.size());
-    for (int64_t rep = 0; rep < repeats; ++rep)
+    const size_t per_variant = recompute_modes.size() * graph_modes.size();
+    const size_t configs = variants.size() * per_variant;
+    // BluTrain configuration `run` of this precision, set into c.
+    auto configure = [&](size_t run) {
+      const std::string& variant = variants[run / per_variant];
+      c.model.fused_ops = variant.rfind("fused", 0) == 0;
+      c.train.compile = variant.find("+compile") != std::string::npos ? "true" : "false";
+      c.train.recompute = recompute_modes[run % per_variant / graph_modes.size()];
+      c.train.cuda_graph = graph_modes[run % graph_modes.size()];
+      return variant;
+    };
+    // Each repeat runs every reference, then every BluTrain configuration, so
+    // the two sides alternate and each run follows another's. Run back to
+    // back, BluTrain's repeats slowed from run to run (bf16 on an H200: 30.3
+    // to 31.5 ms a step, the card at 600-690 W of its 700 W cap), where
+    // separate processes a few seconds apart did not (bench/RESULTS.md issue
+    // 18 step 22).
+    std::vector<std::vector<Side>> ref_runs(modes.size()), our_runs(configs);
+    for (int64_t rep = 0; rep < repeats; ++rep) {
       for (size_t i = 0; i < modes.size(); ++i)
         ref_runs[i].push_back(run_reference(
             fmt::format("{} {} bench --preset {} --precision {} --micro-batch {} --seq {} --steps {} "
@@ -306,33 +323,29 @@ int run_bench(int argc, char** argv) {
                         shell_quote(r["python"].as<std::string>()), shell_quote(ref), preset, ref_p, B, T,
                         steps, warmup, shell_quote(shard), dev.is_cuda() ? "cuda" : "cpu",
                         modes[i] == "compile" ? " --compile" : "", r["reference-args"].as<std::string>())));
+      for (size_t run = 0; run < configs; ++run) {
+        const std::string variant = configure(run);
+        const std::string mode(recompute_name(c.recompute()));
+        std::printf(
+            "blutrain: %s %s [%s], recompute %s, CUDA graph %s, micro-batch %lld x %lld, %lld timed "
+            "steps after %lld warmup%s...\n",
+            preset.c_str(), p.c_str(), variant.c_str(), mode.c_str(), c.train.cuda_graph ? "on" : "off",
+            static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
+            static_cast<long long>(warmup),
+            repeats > 1 ? fmt::format(", run {} of {}", rep + 1, repeats).c_str() : "");
+        std::fflush(stdout);
+        our_runs[run].push_back(run_blutrain(c, warmup, steps));
+        if (dev.is_cuda()) cuda_empty_cache(dev.index);
+      }
+    }
     std::vector<Side> theirs;
     for (const std::vector<Side>& runs : ref_runs) theirs.push_back(combine(runs));
     const auto mfu = peak_flops(dev, parse_precision(p));
     const double fpt = c.model.flops_per_token(T);
-    const size_t per_variant = recompute_modes.size() * graph_modes.size();
-    for (size_t run = 0; run < variants.size() * per_variant; ++run) {
-      const std::string& variant = variants[run / per_variant];
-      c.model.fused_ops = variant.rfind("fused", 0) == 0;
-      c.train.compile = variant.find("+compile") != std::string::npos ? "true" : "false";
-      c.train.recompute = recompute_modes[run % per_variant / graph_modes.size()];
-      c.train.cuda_graph = graph_modes[run % graph_modes.size()];
+    for (size_t run = 0; run < configs; ++run) {
+      const std::string variant = configure(run);
       const std::string mode(recompute_name(c.recompute()));
-      std::printf(
-          "blutrain: %s %s [%s], recompute %s, CUDA graph %s, micro-batch %lld x %lld, %lld timed steps "
-          "after "
-          "%lld "
-          "warmup...\n",
-          preset.c_str(), p.c_str(), variant.c_str(), mode.c_str(), c.train.cuda_graph ? "on" : "off",
-          static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
-          static_cast<long long>(warmup));
-      std::fflush(stdout);
-      std::vector<Side> our_runs;
-      for (int64_t rep = 0; rep < repeats; ++rep) {
-        our_runs.push_back(run_blutrain(c, warmup, steps));
-        if (dev.is_cuda()) cuda_empty_cache(dev.index);
-      }
-      const Side ours = combine(our_runs);
+      const Side ours = combine(our_runs[run]);
       nlohmann::ordered_json j;
       j["precision"] = p;
       if (!modes.empty()) j["reference_precision"] = ref_p;

@@ -3,6 +3,7 @@
 // the script as it should (--compile for torch.compile), every reference gets
 // its own row and BluTrain's ratios against it, fp32x3 is measured against
 // the references' strict fp32, and bad input is named.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -87,10 +88,10 @@ TEST_F(Bench, BothReferencesRunAndEachGetsItsRatios) {
       << r.out;
 }
 
-// --repeats N runs each side N times, the references interleaved (eager,
-// compile, eager, ...), and reports the median tokens/s with the range and
-// every run in the JSON. The stand-in here answers 1000, 3000, 2000 tokens/s
-// at its first, second and third eager call.
+// --repeats N runs each side N times, interleaved (eager, compile, BluTrain,
+// eager, ...), and reports the median tokens/s with the range and every run
+// in the JSON. The stand-in here answers 1000, 3000, 2000 tokens/s at its
+// first, second and third eager call.
 TEST_F(Bench, RepeatsReportTheMedianAndEveryRun) {
   std::ofstream(script_)
       << "import json, sys\n"
@@ -106,6 +107,17 @@ TEST_F(Bench, RepeatsReportTheMedianAndEveryRun) {
   ASSERT_EQ(c.size(), 6u) << r.out;
   for (size_t i = 0; i < c.size(); ++i)
     EXPECT_EQ(c[i].find("--compile") != std::string::npos, i % 2 == 1) << i << ": " << c[i];
+  // The order of the runs in the log: R a reference's command line, B one of BluTrain's runs.
+  std::string order;
+  for (size_t at = 0; at < r.out.size();) {
+    const size_t end = std::min(r.out.find('\n', at), r.out.size());
+    const std::string line = r.out.substr(at, end - at);
+    if (line.rfind("reference: '", 0) == 0) order += 'R';
+    if (line.rfind("blutrain: tiny fp32", 0) == 0) order += 'B';
+    at = end + 1;
+  }
+  EXPECT_EQ(order, "RRBRRBRRB") << r.out;
+  EXPECT_NE(r.out.find(", run 3 of 3..."), std::string::npos) << r.out;
   const nlohmann::json j = result();
   EXPECT_DOUBLE_EQ(j.at("eager_tokens_per_s").get<double>(), 2000.0);  // the median
   EXPECT_EQ(j.at("eager_tokens_per_s_runs").get<std::vector<double>>(),
