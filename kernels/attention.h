@@ -160,8 +160,10 @@ void attention_backward(const AttnBackward& a, float* scratch, cudaStream_t stre
 /// this build has the sm_90a kernels, the current device is compute
 /// capability 9.0, and they are turned on (the default; BT_ATTENTION_WGMMA=0
 /// in the environment at start, or set_attention_wgmma(false), turns both
-/// off); else the mma.sync kernels. Same results within bf16 rounding, not
-/// the same bits.
+/// off); else the mma.sync kernels. The forward also asks a positive stride
+/// for every dimension of q, k and v that has more than one entry, and
+/// T < 2^30 (its tiles come through the copy engine). Same results within
+/// bf16 rounding, not the same bits.
 bool attention_wgmma_available();
 bool attention_forward_uses_wgmma(const AttnForward& a);
 bool attention_backward_uses_wgmma(const AttnBackward& a);

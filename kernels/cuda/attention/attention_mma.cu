@@ -467,8 +467,9 @@ namespace bt::kernels::cuda {
 namespace {
 
 // On by default (measured on an H100: 246 TFLOP/s forward against the
-// mma.sync kernels' 205, bench/RESULTS.md; the backward: issue 18's step 10
-// there); BT_ATTENTION_WGMMA=0 at start turns both off, set_attention_wgmma
+// mma.sync kernels' 205, bench/RESULTS.md, and 272-277 on an H200 since the
+// forward's copies moved to the copy engine, issue 18's step 23; the
+// backward: step 10 there); BT_ATTENTION_WGMMA=0 at start turns both off, set_attention_wgmma
 // changes it.
 std::atomic<bool> g_wgmma_on{[] {
   const char* v = std::getenv("BT_ATTENTION_WGMMA");
@@ -490,7 +491,14 @@ bool attention_wgmma_available() {
 }
 
 bool attention_forward_uses_wgmma(const AttnForward& a) {
-  return g_wgmma_on.load() && a.dt == DType::BF16 && a.shape.D == 64 &&
+  // The Hopper forward's tiles come through the copy engine: 32-bit row
+  // coordinates, and a positive stride for every dimension that steps.
+  const AttnShape& s = a.shape;
+  const auto copyable = [&](const AttnStrides& st, int64_t heads) {
+    return (s.B == 1 || st.b > 0) && (heads == 1 || st.h > 0) && (s.T == 1 || st.t > 0);
+  };
+  return g_wgmma_on.load() && a.dt == DType::BF16 && s.D == 64 && s.T < (int64_t{1} << 30) &&
+         copyable(a.sq, s.H) && copyable(a.sk, s.kv_heads()) && copyable(a.sv, s.kv_heads()) &&
          attention_forward_path(a) == AttnPath::TensorCore && attention_wgmma_available();
 }
 

@@ -1,6 +1,6 @@
 // What the tensor-core FlashAttention kernels share (the mma.sync kernels of
-// attention_mma.cu and the Hopper wgmma forward of sm90a/attention_wgmma.cu):
-// moving swizzled tiles between global and shared memory, and a warp's
+// attention_mma.cu and the Hopper wgmma kernels of sm90a/): moving swizzled
+// tiles between global and shared memory, and a warp's
 // online softmax over its 16 query rows. The score and output tiles are
 // accumulator fragments in the mma.m16n8 C layout -- lane (g, t) holds rows
 // g and g + 8, columns 2 t and 2 t + 1 of each 8-column tile -- which is also

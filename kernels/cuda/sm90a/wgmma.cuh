@@ -76,6 +76,26 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/// Pins registers at this point of the program: the compiler may not move
+/// their reads or writes across it. A wgmma's result registers are pinned after its wait (else
+/// the compiler may read them before it, seeing no dependence on the wait),
+/// and its operand registers before the fence that precedes it.
+template <int N>
+__device__ __forceinline__ void pin_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <class T, int N, int M>
+__device__ __forceinline__ void pin_regs(T (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) pin_regs(r[i]);
+}
+
 /// d (64 x 64: this thread's 32 accumulators) += A B: A 64 x 16 and B 16 x 64 from
 /// shared memory, both K-major (descriptors); d is overwritten instead when !accumulate.
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {

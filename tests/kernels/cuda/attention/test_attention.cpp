@@ -490,6 +490,35 @@ TEST(CudaAttention, WgmmaIsTheDefault) {
   EXPECT_EQ(uses_wgmma(3, 0), !off && cuda::attention_wgmma_available());
 }
 
+// The Hopper forward's tiles come through the copy engine, which cannot step
+// by a zero stride: such views keep the mma.sync forward.
+TEST(CudaAttention, WgmmaForwardNeedsPositiveStrides) {
+  BT_SKIP_WITHOUT_GPU();
+  if (!cuda::attention_wgmma_available())
+    GTEST_SKIP() << "no sm_90a kernels in this build or not an sm_90 device";
+  WgmmaScope on(true);
+  static unsigned char arena[64];  // aligned enough: never read
+  void* p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(arena) + 15) & ~uintptr_t{15});
+  AttnForward f;
+  f.dt = DType::BF16;
+  f.shape = AttnShape{2, 4, 128, 64, 2};
+  f.scale = 0.125f;
+  f.q = f.k = f.v = f.o = p;
+  f.sq = f.so = kernels::contiguous_bhtd(f.shape);
+  f.sk = f.sv = kernels::contiguous_kv_bhtd(f.shape);
+  EXPECT_TRUE(cuda::attention_forward_uses_wgmma(f));
+  f.sk.h = 0;  // both K/V heads read the same rows
+  EXPECT_EQ(cuda::attention_forward_path(f), AttnPath::TensorCore);
+  EXPECT_FALSE(cuda::attention_forward_uses_wgmma(f));
+  f.sk = kernels::contiguous_kv_bhtd(f.shape);
+  f.sv.b = 0;
+  EXPECT_FALSE(cuda::attention_forward_uses_wgmma(f));
+  f.sv = kernels::contiguous_kv_bhtd(f.shape);
+  f.shape.B = 1;  // a dimension of one entry never steps: its stride does not matter
+  f.sq.b = 0;
+  EXPECT_TRUE(cuda::attention_forward_uses_wgmma(f));
+}
+
 TEST(CudaAttention, WgmmaMatchesFloat64) {
   BT_SKIP_WITHOUT_GPU();
   if (!cuda::attention_wgmma_available())
