@@ -52,19 +52,32 @@ inline void check_ln_types(LnTypes t, const char* kernel) {
 // `dres` and adds it to dx in the same pass, in float before dx is rounded,
 // so ds = dres + LN'(dy) costs no separate add of gradients. x's and r's
 // gradients are ds (r's summed over its repeats by the caller).
+//
+// Note [A bias into the residual add]
+// A sublayer that ends in a Linear with a bias (GPT-2's attention projection)
+// can leave its bias to the add: s = x + (r + rb), rb a [cols] vector in the
+// parameters' dtype, added to r in float, then x, and s rounded once (in f32
+// the bits of a Linear that adds its bias and an add after it). rb's gradient is the column sum of ds, which
+// the backward has in hand row by row: layernorm_backward's `dsum` is the sum over rows of dx as written
+// (rounded to the activations' dtype, dres included), in the gradients' dtype, summed like db. That takes the
+// bias gradient off the Linear's weight-gradient GEMM (cuBLASLt's BGRADB epilogue, a pass of its own over the
+// same gradient).
 namespace cpu {
 void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int64_t rows, int64_t cols, float eps);
-/// s = x + r, then y = LayerNorm(s) (Note [Residual into LayerNorm]); r has
-/// r_rows rows, a divisor of rows.
+/// s = x + r (+ rb), then y = LayerNorm(s) (Note [Residual into LayerNorm]);
+/// r has r_rows rows, a divisor of rows; rb, when not null, is [cols] in the
+/// parameters' dtype (Note [A bias into the residual add]).
 void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_rows, const void* w,
                            const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, float eps);
+                           int64_t cols, float eps, const void* rb = nullptr);
 /// Writes (does not accumulate) dx, dw and db; dx also gets dres (same shape
 /// as dx) added when it is not null. w/dw/b/db may be null (no affine).
+/// dsum, when not null ([cols], the gradients' dtype; dx must not be null),
+/// gets the column sums of dx as written (Note [A bias into the residual add]).
 void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w, const float* mean,
                         const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols,
-                        const void* dres = nullptr);
+                        const void* dres = nullptr, void* dsum = nullptr);
 }  // namespace cpu
 #ifdef BT_CUDA
 namespace cuda {
@@ -72,12 +85,14 @@ void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, v
                        float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream);
 void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_rows, const void* w,
                            const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, float eps, cudaStream_t stream);
-/// Floats of scratch that layernorm_backward needs (for the dw/db partial sums).
-size_t layernorm_backward_scratch_floats(int64_t rows, int64_t cols);
+                           int64_t cols, float eps, cudaStream_t stream, const void* rb = nullptr);
+/// Floats of scratch that layernorm_backward needs (for the dw/db partial
+/// sums, and dsum's when `dsum` is asked for).
+size_t layernorm_backward_scratch_floats(int64_t rows, int64_t cols, bool dsum = false);
 void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w, const float* mean,
                         const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols,
-                        float* scratch, cudaStream_t stream, const void* dres = nullptr);
+                        float* scratch, cudaStream_t stream, const void* dres = nullptr,
+                        void* dsum = nullptr);
 }  // namespace cuda
 #endif
 }  // namespace bt::kernels

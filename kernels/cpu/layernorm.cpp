@@ -52,11 +52,11 @@ void dispatch_ln(LnTypes t, const char* kernel, F&& f) {
   });
 }
 
-/// res null: y = LN(x). Else s = x + res, rounded to T, and y = LN(s) (Note
-/// [Residual into LayerNorm]).
+/// res null: y = LN(x). Else s = x + res (+ rb), rounded to T, and y = LN(s)
+/// (Note [Residual into LayerNorm], Note [A bias into the residual add]).
 template <class T, class W>
-void forward_impl(const T* x, const T* res, int64_t res_rows, const W* w, const W* b, T* s, T* y, float* mean,
-                  float* rstd, int64_t rows, int64_t cols, float eps) {
+void forward_impl(const T* x, const T* res, int64_t res_rows, const W* rb, const W* w, const W* b, T* s, T* y,
+                  float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   using A = acc_t<T>;
   parallel_for(0, rows, row_grain(cols), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
@@ -64,7 +64,10 @@ void forward_impl(const T* x, const T* res, int64_t res_rows, const W* w, const 
       if (res) {
         T* sr = s + r * cols;
         const T* rr = res + (r % res_rows) * cols;
-        for (int64_t j = 0; j < cols; ++j) store(sr, j, load(xr, j) + load(rr, j));
+        if (rb)
+          for (int64_t j = 0; j < cols; ++j) store(sr, j, load(xr, j) + (load(rr, j) + load(rb, j)));
+        else
+          for (int64_t j = 0; j < cols; ++j) store(sr, j, load(xr, j) + load(rr, j));
         xr = sr;
       }
       T* yr = y + r * cols;
@@ -88,21 +91,25 @@ void forward_impl(const T* x, const T* res, int64_t res_rows, const W* w, const 
   });
 }
 
-/// dx row by row (plus dres when given); dw and db as one partial sum per
-/// chunk of rows (summed over its rows in order), then the partials added in
-/// chunk order: the same bits for any thread count (Note [Deterministic CPU
-/// parallelism]).
+/// dx row by row (plus dres when given); dw, db and dsum (the column sums of
+/// dx as stored) as one partial sum per chunk of rows (summed over its rows in
+/// order), then the partials added in chunk order: the same bits for any
+/// thread count (Note [Deterministic CPU parallelism]).
 template <class T, class W, class G>
 void backward_impl(const T* dy, const T* x, const W* w, const float* mean, const float* rstd, const T* dres,
-                   T* dx, G* dw, G* db, int64_t rows, int64_t cols) {
+                   T* dx, G* dw, G* db, G* dsum, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   const int64_t grain = row_grain(cols), nchunks = num_chunks(0, rows, grain);
   const size_t C = static_cast<size_t>(cols);
-  std::vector<A> gw(dw ? C * static_cast<size_t>(nchunks) : 0), gb(db ? C * static_cast<size_t>(nchunks) : 0);
+  const auto partials = [&](const G* out) {
+    return std::vector<A>(out ? C * static_cast<size_t>(nchunks) : 0);
+  };
+  std::vector<A> gw = partials(dw), gb = partials(db), gs = partials(dsum);
   parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
     const size_t chunk = static_cast<size_t>(lo / grain);
     A* pw = dw ? gw.data() + chunk * C : nullptr;
     A* pb = db ? gb.data() + chunk * C : nullptr;
+    A* ps = dsum ? gs.data() + chunk * C : nullptr;
     std::vector<A> xhat(C), g(C);
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * cols;
@@ -127,6 +134,7 @@ void backward_impl(const T* dy, const T* x, const W* w, const float* mean, const
         for (int64_t j = 0; j < cols; ++j) {
           const A v = rs * (g[j] - c1 - xhat[j] * c2);
           store(dxr, j, dr ? v + load(dr, j) : v);
+          if (ps) ps[j] += load(dxr, j);
         }
       }
     }
@@ -135,10 +143,12 @@ void backward_impl(const T* dy, const T* x, const W* w, const float* mean, const
     for (size_t j = 0; j < C; ++j) {
       if (dw) gw[j] += gw[static_cast<size_t>(c) * C + j];
       if (db) gb[j] += gb[static_cast<size_t>(c) * C + j];
+      if (dsum) gs[j] += gs[static_cast<size_t>(c) * C + j];
     }
   for (int64_t j = 0; j < cols; ++j) {
     if (dw) store(dw, j, rows > 0 ? gw[j] : A(0));
     if (db) store(db, j, rows > 0 ? gb[j] : A(0));
+    if (dsum) store(dsum, j, rows > 0 ? gs[j] : A(0));
   }
 }
 
@@ -155,7 +165,7 @@ void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, v
   dispatch_ln(
       t, "layernorm_forward",
       [&]<class T, class W, class G>(std::type_identity<T>, std::type_identity<W>, std::type_identity<G>) {
-        forward_impl<T, W>(static_cast<const T*>(x), nullptr, 1, static_cast<const W*>(w),
+        forward_impl<T, W>(static_cast<const T*>(x), nullptr, 1, nullptr, static_cast<const W*>(w),
                            static_cast<const W*>(b), nullptr, static_cast<T*>(y), mean, rstd, rows, cols,
                            eps);
       });
@@ -163,7 +173,7 @@ void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, v
 
 void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_rows, const void* w,
                            const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, float eps) {
+                           int64_t cols, float eps, const void* rb) {
   check_shape("add_layernorm_forward", rows, cols);
   BT_CHECK(r_rows > 0 && rows % r_rows == 0, "add_layernorm_forward: the residual's rows (", r_rows,
            ") must divide the rows (", rows, ")");
@@ -172,23 +182,24 @@ void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_ro
       t, "add_layernorm_forward",
       [&]<class T, class W, class G>(std::type_identity<T>, std::type_identity<W>, std::type_identity<G>) {
         forward_impl<T, W>(static_cast<const T*>(x), static_cast<const T*>(r), r_rows,
-                           static_cast<const W*>(w), static_cast<const W*>(b), static_cast<T*>(s),
-                           static_cast<T*>(y), mean, rstd, rows, cols, eps);
+                           static_cast<const W*>(rb), static_cast<const W*>(w), static_cast<const W*>(b),
+                           static_cast<T*>(s), static_cast<T*>(y), mean, rstd, rows, cols, eps);
       });
 }
 
 void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w, const float* mean,
                         const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols,
-                        const void* dres) {
+                        const void* dres, void* dsum) {
   check_shape("layernorm_backward", rows, cols);
   BT_CHECK(rows == 0 || (mean != nullptr && rstd != nullptr),
            "layernorm_backward: mean and rstd from the forward are required");
+  BT_CHECK(dsum == nullptr || dx != nullptr, "layernorm_backward: dsum sums dx, which must not be null");
   dispatch_ln(
       t, "layernorm_backward",
       [&]<class T, class W, class G>(std::type_identity<T>, std::type_identity<W>, std::type_identity<G>) {
         backward_impl<T, W, G>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const W*>(w),
                                mean, rstd, static_cast<const T*>(dres), static_cast<T*>(dx),
-                               static_cast<G*>(dw), static_cast<G*>(db), rows, cols);
+                               static_cast<G*>(dw), static_cast<G*>(db), static_cast<G*>(dsum), rows, cols);
       });
 }
 

@@ -25,7 +25,8 @@
 // partials of each column in a fixed order. P depends only on rows and the
 // path, so the result does not depend on the GPU either. (Per-block partials:
 // 8x less scratch traffic than per-warp ones, whose write and re-read cost as
-// much as the rest of the pass.)
+// much as the rest of the pass.) dsum, the column sums of dx as written (Note
+// [A bias into the residual add]), is a third partial sum kept the same way.
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -72,13 +73,13 @@ __device__ __forceinline__ void load_params(const W* p, int vi, float* out, floa
 /// R rows per warp, each held in registers as K raw 16-byte packs per lane (raw
 /// packs halve the registers for bf16); all loads of the R rows are issued before
 /// the first reduction, so a warp keeps R * K * 512 bytes in flight. With res,
-/// the packs hold s = x + res (written to s) instead of x.
+/// the packs hold s = x + res (+ rb) (written to s) instead of x.
 template <typename T, typename W, int K, int R>
 __global__ void __launch_bounds__(kThreads)
     ln_fwd_fast_kernel(const T* __restrict__ x, const T* __restrict__ res, int64_t res_rows,
-                       const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ s, T* __restrict__ y,
-                       float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int cols,
-                       float eps) {
+                       const W* __restrict__ rb, const W* __restrict__ w, const W* __restrict__ b,
+                       T* __restrict__ s, T* __restrict__ y, float* __restrict__ mean,
+                       float* __restrict__ rstd, int64_t rows, int cols, float eps) {
   constexpr int V = kVec16<T>;
   using P = Pack<T, V>;
   const int lane = threadIdx.x & 31;
@@ -97,9 +98,17 @@ __global__ void __launch_bounds__(kThreads)
         raw[r][k] = px[vi];
         if (res) {
           const P rv = pr[vi];
+          if (rb) {
+            float bv[V];
+            load_params<W, V>(rb, vi, bv, 0.0f);
 #pragma unroll
-          for (int j = 0; j < V; ++j)
-            raw[r][k].v[j] = from_float<T>(to_float(raw[r][k].v[j]) + to_float(rv.v[j]));
+            for (int j = 0; j < V; ++j)
+              raw[r][k].v[j] = from_float<T>(to_float(raw[r][k].v[j]) + (to_float(rv.v[j]) + bv[j]));
+          } else {
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+              raw[r][k].v[j] = from_float<T>(to_float(raw[r][k].v[j]) + to_float(rv.v[j]));
+          }
           reinterpret_cast<P*>(s + (row0 + r) * cols)[vi] = raw[r][k];
         }
       } else {
@@ -193,15 +202,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// s = x + res (res row i % res_rows), elementwise: the residual's own pass
-/// where the fast forward cannot take it.
-template <typename T>
+/// s = x + res (res row i % res_rows) (+ rb, column i % cols), elementwise:
+/// the residual's own pass where the fast forward cannot take it.
+template <typename T, typename W>
 __global__ void residual_add_kernel(const T* __restrict__ x, const T* __restrict__ res, int64_t res_rows,
-                                    T* __restrict__ s, int64_t rows, int64_t cols) {
+                                    const W* __restrict__ rb, T* __restrict__ s, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols, rn = res_rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    stf(s + i, ldf(x + i) + ldf(res + i % rn));
+    stf(s + i, rb ? ldf(x + i) + (ldf(res + i % rn) + ldf(rb + i % cols)) : ldf(x + i) + ldf(res + i % rn));
 }
 
 // ------------------------------------------------------------------ backward
@@ -271,21 +280,24 @@ __device__ __forceinline__ void load_ln_bwd_row(LnBwdRow<T, K>& r, const T* __re
 }
 
 /// Warp `gw` (global warp index) handles rows gw, gw + W, ...; dx (+ dres) is
-/// written per row, and the block's dw/db partial row goes to scratch row
-/// blockIdx.x. Dynamic shared memory: 2 x kWarpsPerBlock x K x 32 x V floats.
-/// Note [LayerNorm backward partials in shared memory].
+/// written per row, and the block's dw/db (and dsum: pds not null) partial
+/// rows go to scratch row blockIdx.x. Dynamic shared memory: (2 or 3) x
+/// kWarpsPerBlock x K x 32 x V floats. Note [LayerNorm backward partials in
+/// shared memory].
 template <typename T, typename W, int K, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads)
     ln_bwd_fast_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                        const float* __restrict__ mean, const float* __restrict__ rstd,
                        const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ pdw,
-                       float* __restrict__ pdb, int64_t rows, int cols, int64_t nwarps) {
+                       float* __restrict__ pdb, float* __restrict__ pds, int64_t rows, int cols,
+                       int64_t nwarps) {
   constexpr int V = kVec16<T>;
   constexpr int Q = V / 4;            // float4s per pack
   constexpr int kSlots = K * Q * 32;  // float4s per warp and sum
   using P = Pack<T, V>;
-  extern __shared__ __align__(16) float4 ln_bwd_acc[];  // [dw, db][warp][k][q][lane]
+  extern __shared__ __align__(16) float4 ln_bwd_acc[];  // [dw, db, dsum][warp][k][q][lane]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nsums = pds ? 3 : 2;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   const int nvec = cols / V;
   const float inv_cols = 1.0f / static_cast<float>(cols);
@@ -293,10 +305,11 @@ __global__ void __launch_bounds__(kThreads)
   auto slot = [&](int sum, int w_, int k, int q) -> float4& {
     return ln_bwd_acc[(sum * kWarpsPerBlock + w_) * kSlots + (k * Q + q) * 32 + lane];
   };
+  for (int sum = 0; sum < nsums; ++sum)
 #pragma unroll
-  for (int k = 0; k < K; ++k)
+    for (int k = 0; k < K; ++k)
 #pragma unroll
-    for (int q = 0; q < Q; ++q) slot(0, warp, k, q) = slot(1, warp, k, q) = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int q = 0; q < Q; ++q) slot(sum, warp, k, q) = make_float4(0.f, 0.f, 0.f, 0.f);
 
   LnBwdRow<T, K> cur, next;
   // Warps past nwarps (the last block's) take no rows but join the block's sums.
@@ -367,6 +380,15 @@ __global__ void __launch_bounds__(kThreads)
             out.v[j] = from_float<T>(dres ? __fadd_rn(v, rv[j]) : v);
           }
           pdx[vi] = out;
+          if (pds) {  // dsum: the column sums of dx as written
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+              float4 a = slot(2, warp, k, q);
+              a.x += to_float(out.v[4 * q]), a.y += to_float(out.v[4 * q + 1]);
+              a.z += to_float(out.v[4 * q + 2]), a.w += to_float(out.v[4 * q + 3]);
+              slot(2, warp, k, q) = a;
+            }
+          }
         }
       }
     }
@@ -383,8 +405,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int half = kWarpsPerBlock / 2; half >= 1; half /= 2) {
     __syncthreads();
     if (warp < half)
-#pragma unroll
-      for (int sum = 0; sum < 2; ++sum)
+      for (int sum = 0; sum < nsums; ++sum)
 #pragma unroll
         for (int k = 0; k < K; ++k)
 #pragma unroll
@@ -395,9 +416,8 @@ __global__ void __launch_bounds__(kThreads)
           }
   }
   if (warp != 0) return;
-#pragma unroll
-  for (int sum = 0; sum < 2; ++sum) {
-    float* out = sum == 0 ? pdw : pdb;
+  for (int sum = 0; sum < nsums; ++sum) {
+    float* out = sum == 0 ? pdw : sum == 1 ? pdb : pds;
     if (out == nullptr) continue;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -412,10 +432,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// The dynamic shared memory of ln_bwd_fast_kernel<T, *, K>.
+/// The dynamic shared memory of ln_bwd_fast_kernel<T, *, K> keeping `sums` partial sums.
 template <typename T>
-size_t ln_bwd_smem_bytes(int k) {
-  return static_cast<size_t>(2 * kWarpsPerBlock * k * 32 * kVec16<T>) * sizeof(float);
+size_t ln_bwd_smem_bytes(int k, int sums) {
+  return static_cast<size_t>(sums * kWarpsPerBlock * k * 32 * kVec16<T>) * sizeof(float);
 }
 
 template <typename T, typename W>
@@ -423,13 +443,15 @@ __global__ void __launch_bounds__(kThreads)
     ln_bwd_generic_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                           const float* __restrict__ mean, const float* __restrict__ rstd,
                           const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ pdw,
-                          float* __restrict__ pdb, int64_t rows, int64_t cols, int64_t nwarps) {
+                          float* __restrict__ pdb, float* __restrict__ pds, int64_t rows, int64_t cols,
+                          int64_t nwarps) {
   const int lane = threadIdx.x & 31;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (gw >= nwarps) return;
   const float inv_cols = 1.0f / static_cast<float>(cols);
   float* my_dw = pdw ? pdw + gw * cols : nullptr;
   float* my_db = pdb ? pdb + gw * cols : nullptr;
+  float* my_ds = pds ? pds + gw * cols : nullptr;
   for (int64_t row = gw; row < rows; row += nwarps) {
     const bool first = row == gw;
     const T* px = x + row * cols;
@@ -456,19 +478,21 @@ __global__ void __launch_bounds__(kThreads)
       const float g = __fmul_rn(ldf(pdy + j), w ? ldf(w + j) : 1.0f);
       const float v = rs * (g - s1 - xh * s2);
       stf(pdx + j, pdr ? __fadd_rn(v, ldf(pdr + j)) : v);  // rounded: see the fast kernel
+      if (my_ds) my_ds[j] = first ? ldf(pdx + j) : my_ds[j] + ldf(pdx + j);
     }
   }
 }
 
 /// out[c] = sum over p < nparts of part[p * cols + c], in a fixed order; for
-/// dw (blockIdx.y 0: part_w into out_w) and db (1) in one launch, either
-/// skipped where its output is null.
+/// dw (blockIdx.y 0: part_w into out_w), db (1) and dsum (2) in one launch,
+/// each skipped where its output is null.
 template <typename T>
 __global__ void ln_partial_reduce_kernel(const float* __restrict__ part_w, const float* __restrict__ part_b,
-                                         int64_t nparts, int64_t cols, T* __restrict__ out_w,
-                                         T* __restrict__ out_b) {
-  const float* part = blockIdx.y == 0 ? part_w : part_b;
-  T* out = blockIdx.y == 0 ? out_w : out_b;
+                                         const float* __restrict__ part_s, int64_t nparts, int64_t cols,
+                                         T* __restrict__ out_w, T* __restrict__ out_b,
+                                         T* __restrict__ out_s) {
+  const float* part = blockIdx.y == 0 ? part_w : blockIdx.y == 1 ? part_b : part_s;
+  T* out = blockIdx.y == 0 ? out_w : blockIdx.y == 1 ? out_b : out_s;
   if (out == nullptr) return;
   __shared__ float s[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -558,9 +582,9 @@ void dispatch_ln(LnTypes t, const char* kernel, F&& f) {
 }
 
 /// The forward with (res not null) or without the residual add.
-void forward(const char* kernel, LnTypes t, const void* x, const void* res, int64_t res_rows, const void* w,
-             const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps,
-             cudaStream_t stream) {
+void forward(const char* kernel, LnTypes t, const void* x, const void* res, int64_t res_rows, const void* rb,
+             const void* w, const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
+             int64_t cols, float eps, cudaStream_t stream) {
   check_sizes(kernel, rows, cols);
   dispatch_ln(t, kernel, [&](auto tt, auto wt, auto) {
     using T = typename decltype(tt)::type;
@@ -572,6 +596,7 @@ void forward(const char* kernel, LnTypes t, const void* x, const void* res, int6
              ": the residual needs s, and its rows (", res_rows, ") must divide the rows (", rows, ")");
     const T* px = static_cast<const T*>(x);
     const T* pr = static_cast<const T*>(res);
+    const W* prb = static_cast<const W*>(rb);
     const W* pw = static_cast<const W*>(w);
     const W* pb = static_cast<const W*>(b);
     T* ps = static_cast<T*>(s);
@@ -582,14 +607,15 @@ void forward(const char* kernel, LnTypes t, const void* x, const void* res, int6
     const bool vec_ok = cols % V == 0 && aligned_to(ln_in, 16) && aligned_to(py, 16) && aligned_to(pw, 16) &&
                         aligned_to(pb, 16);
     const int k = vec_ok ? pick_k(ceil_div(cols / V, 32)) : 0;
-    if (pr && (k == 0 || !aligned_to(px, 16) || !aligned_to(pr, 16))) {
+    if (pr && (k == 0 || !aligned_to(px, 16) || !aligned_to(pr, 16) || !aligned_to(prb, 16))) {
       // s by its own pass; the LayerNorm below is then the plain one on s.
       const int64_t n = rows * cols;
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, int64_t{256}), 65535));
-      residual_add_kernel<T><<<grid, 256, 0, stream>>>(px, pr, res_rows, ps, rows, cols);
+      residual_add_kernel<T, W><<<grid, 256, 0, stream>>>(px, pr, res_rows, prb, ps, rows, cols);
       BT_KERNEL_CHECK();
       px = ps;
       pr = nullptr;
+      prb = nullptr;
     }
     const bool launched = with_k<16>(k, [&](auto kc) {
       constexpr int K = decltype(kc)::value;
@@ -599,7 +625,7 @@ void forward(const char* kernel, LnTypes t, const void* x, const void* res, int6
       constexpr int R = 1;
       const unsigned fast_blocks = static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock * R));
       ln_fwd_fast_kernel<T, W, K, R><<<fast_blocks, kThreads, 0, stream>>>(
-          px, pr, res_rows, pw, pb, ps, py, mean, rstd, rows, static_cast<int>(cols), eps);
+          px, pr, res_rows, prb, pw, pb, ps, py, mean, rstd, rows, static_cast<int>(cols), eps);
     });
     if (!launched) {
       const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock));
@@ -614,24 +640,25 @@ void forward(const char* kernel, LnTypes t, const void* x, const void* res, int6
 
 void layernorm_forward(LnTypes t, const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
-  forward("layernorm_forward", t, x, nullptr, 1, w, b, nullptr, y, mean, rstd, rows, cols, eps, stream);
+  forward("layernorm_forward", t, x, nullptr, 1, nullptr, w, b, nullptr, y, mean, rstd, rows, cols, eps,
+          stream);
 }
 
 void add_layernorm_forward(LnTypes t, const void* x, const void* r, int64_t r_rows, const void* w,
                            const void* b, void* s, void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, float eps, cudaStream_t stream) {
+                           int64_t cols, float eps, cudaStream_t stream, const void* rb) {
   BT_CHECK(rows == 0 || r != nullptr, "cuda add_layernorm_forward: null residual");
-  forward("add_layernorm_forward", t, x, r, r_rows, w, b, s, y, mean, rstd, rows, cols, eps, stream);
+  forward("add_layernorm_forward", t, x, r, r_rows, rb, w, b, s, y, mean, rstd, rows, cols, eps, stream);
 }
 
-size_t layernorm_backward_scratch_floats(int64_t rows, int64_t cols) {
+size_t layernorm_backward_scratch_floats(int64_t rows, int64_t cols, bool dsum) {
   if (rows <= 0 || cols <= 0) return 0;
-  return static_cast<size_t>(2 * num_partials(rows) * cols);
+  return static_cast<size_t>((dsum ? 3 : 2) * num_partials(rows) * cols);
 }
 
 void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w, const float* mean,
                         const float* rstd, void* dx, void* dw, void* db, int64_t rows, int64_t cols,
-                        float* scratch, cudaStream_t stream, const void* dres) {
+                        float* scratch, cudaStream_t stream, const void* dres, void* dsum) {
   check_sizes("layernorm_backward", rows, cols);
   dispatch_ln(t, "layernorm_backward", [&](auto tt, auto wt, auto gt) {
     using T = typename decltype(tt)::type;
@@ -640,24 +667,28 @@ void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w,
     if (cols == 0) return;
     G* pdw_out = static_cast<G*>(dw);
     G* pdb_out = static_cast<G*>(db);
+    G* pds_out = static_cast<G*>(dsum);
+    BT_CHECK(pds_out == nullptr || dx != nullptr,
+             "cuda layernorm_backward: dsum sums dx, which must not be null");
     if (rows == 0) {
       // No rows: the weight gradients are zero.
-      if (pdw_out) BT_CUDA_CHECK(cudaMemsetAsync(pdw_out, 0, static_cast<size_t>(cols) * sizeof(G), stream));
-      if (pdb_out) BT_CUDA_CHECK(cudaMemsetAsync(pdb_out, 0, static_cast<size_t>(cols) * sizeof(G), stream));
+      for (G* out : {pdw_out, pdb_out, pds_out})
+        if (out) BT_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(cols) * sizeof(G), stream));
       return;
     }
     BT_CHECK(dy != nullptr && x != nullptr && mean != nullptr && rstd != nullptr,
              "cuda layernorm_backward: dy, x, mean and rstd must be non-null");
     if (dx == nullptr && pdw_out == nullptr && pdb_out == nullptr) return;
-    const bool need_partials = pdw_out != nullptr || pdb_out != nullptr;
+    const bool need_partials = pdw_out != nullptr || pdb_out != nullptr || pds_out != nullptr;
     BT_CHECK(!need_partials || scratch != nullptr,
              "cuda layernorm_backward: dw/db requested but scratch is null ",
-             "(allocate layernorm_backward_scratch_floats(rows, cols) floats)");
+             "(allocate layernorm_backward_scratch_floats(rows, cols, dsum != nullptr) floats)");
     BT_CHECK(!need_partials || aligned_to(scratch, 16),
              "cuda layernorm_backward: scratch must be 16-byte aligned");
     const int64_t nparts = num_partials(rows);
     float* part_w = pdw_out ? scratch : nullptr;
     float* part_b = pdb_out ? scratch + nparts * cols : nullptr;
+    float* part_s = pds_out ? scratch + 2 * nparts * cols : nullptr;
     const T* pdy = static_cast<const T*>(dy);
     const T* px = static_cast<const T*>(x);
     const W* pw = static_cast<const W*>(w);
@@ -672,24 +703,24 @@ void layernorm_backward(LnTypes t, const void* dy, const void* x, const void* w,
     // backward partials in shared memory]); else the generic kernel.
     const bool launched = with_k<8>(k, [&](auto kc) {
       constexpr int K = decltype(kc)::value;
-      const size_t smem = ln_bwd_smem_bytes<T>(K);
+      const size_t smem = ln_bwd_smem_bytes<T>(K, pds_out ? 3 : 2);
       if (smem > smem_optin_bytes()) return false;
       // Two rows' packs in flight where they fit the registers (3 tensors x K packs x 4 registers each).
       auto kernel = ln_bwd_fast_kernel<T, W, K, (K <= 4)>;
       allow_smem(kernel, smem);
-      kernel<<<blocks, kThreads, smem, stream>>>(pdy, px, pw, mean, rstd, pdr, pdx, part_w, part_b, rows,
-                                                 static_cast<int>(cols), nparts);
+      kernel<<<blocks, kThreads, smem, stream>>>(pdy, px, pw, mean, rstd, pdr, pdx, part_w, part_b, part_s,
+                                                 rows, static_cast<int>(cols), nparts);
       return true;
     });
     if (!launched)
       ln_bwd_generic_kernel<T, W><<<blocks, kThreads, 0, stream>>>(pdy, px, pw, mean, rstd, pdr, pdx, part_w,
-                                                                   part_b, rows, cols, nparts);
+                                                                   part_b, part_s, rows, cols, nparts);
     BT_KERNEL_CHECK();
     const int64_t prows = launched ? static_cast<int64_t>(blocks) : nparts;  // partial rows written
     if (need_partials) {
-      const dim3 rgrid(static_cast<unsigned>(ceil_div(cols, 32)), 2);
+      const dim3 rgrid(static_cast<unsigned>(ceil_div(cols, 32)), pds_out ? 3 : 2);
       ln_partial_reduce_kernel<G>
-          <<<rgrid, dim3(32, 8), 0, stream>>>(part_w, part_b, prows, cols, pdw_out, pdb_out);
+          <<<rgrid, dim3(32, 8), 0, stream>>>(part_w, part_b, part_s, prows, cols, pdw_out, pdb_out, pds_out);
       BT_KERNEL_CHECK();
     }
   });

@@ -40,7 +40,8 @@ Gpt::Gpt(const ModelConfig& cfg, const Device& device, uint64_t seed) : Model(cf
     b.attn_w = add_param(h + "attn.c_attn.weight", {3 * C, C}, u, w, decay, g);
     b.attn_b = add_param(h + "attn.c_attn.bias", {3 * C}, u, zero, bias, g);
     b.proj_w = add_param(h + "attn.c_proj.weight", {C, C}, u, proj, decay, g);
-    b.proj_b = add_param(h + "attn.c_proj.bias", {C}, u, zero, bias, g);
+    b.proj_b = add_param(h + "attn.c_proj.bias", {C}, u, zero, norm,
+                         g);  // added by ln_2: Note [f32 LayerNorm parameters]
     b.ln2_w = add_param(h + "ln_2.weight", {C}, u, one, norm, g);
     b.ln2_b = add_param(h + "ln_2.bias", {C}, u, zero, norm, g);
     b.fc_w = add_param(h + "mlp.c_fc.weight", {4 * C, C}, u, w, decay, g);
@@ -76,15 +77,16 @@ Tensor gelu_primitive(const Tensor& x) {
 
 }  // namespace
 
-ResidualNorm Gpt::add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) const {
+ResidualNorm Gpt::add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b,
+                           const Tensor& d_bias) const {
   const double eps = cfg_.norm_eps;
   if (!cfg_.fused_ops) {
-    const Tensor s = d.defined() ? add(x, d) : x;
+    const Tensor s = d.defined() ? add(x, d_bias.defined() ? add(d, compute(d_bias)) : d) : x;
     return {s, layer_norm_primitive(s, compute(w), compute(b), eps)};
   }
   // The f32 masters under every precision (Note [f32 LayerNorm parameters]).
   if (!d.defined()) return {x, layer_norm(x, f32(w), f32(b), eps)};
-  return add_layer_norm(x, d, f32(w), f32(b), eps);
+  return add_layer_norm(x, d, f32(w), f32(b), eps, d_bias.defined() ? f32(d_bias) : Tensor());
 }
 
 Tensor Gpt::affine(const Tensor& x, const Tensor& w, const Tensor& bias) const {
@@ -110,7 +112,7 @@ Gpt::Residual Gpt::block(size_t l, const Tensor& x, const Tensor& d, KvCache* ca
       att = causal_self_attention(qkv, cfg_.n_head);
     }
   }
-  auto [s2, h2] = add_norm(s, affine(att, b.proj_w, b.proj_b), b.ln2_w, b.ln2_b);
+  auto [s2, h2] = add_norm(s, linear(att, compute(b.proj_w)), b.ln2_w, b.ln2_b, b.proj_b);
   if (!cfg_.fused_ops) return {s2, affine(gelu_primitive(affine(h2, b.fc_w, b.fc_b)), b.out_w, b.out_b)};
   Tensor m = mlp(h2, compute(b.fc_w), compute(b.fc_b), compute(b.out_w), compute(b.out_b));
   return {s2, m};

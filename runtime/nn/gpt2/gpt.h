@@ -13,7 +13,10 @@
 // activations and write their gradients in f32 (runtime/ops/nn/layernorm.h), so
 // neither a cast nor its backward runs for them. A weight source must hand
 // them out in f32 too (keeps_f32(): ZeRO-3 gathers them apart), or a sharded
-// run would compute with other bits than one process.
+// run would compute with other bits than one process. The attention
+// projection's bias is one of them: ln_2's residual add adds it (Note [A bias
+// into the residual add] in kernels/layernorm.h), and its gradient comes from
+// ln_2's backward instead of a pass of the projection's weight-gradient GEMM.
 //
 // The residual stream crosses a block as x + d, d not yet added: the
 // previous block's MLP output (the position embeddings before block 0). The
@@ -81,8 +84,11 @@ class Gpt final : public Model {
   struct Residual {
     Tensor x, d;
   };
-  /// {x + d, its LayerNorm}: add_layer_norm, or layer_norm of x when d is undefined.
-  ResidualNorm add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) const;
+  /// {x + d (+ d_bias), its LayerNorm}: add_layer_norm, or layer_norm of x
+  /// when d is undefined. d_bias, when given, is the bias of the Linear that
+  /// made d (Note [A bias into the residual add] in kernels/layernorm.h).
+  ResidualNorm add_norm(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b,
+                        const Tensor& d_bias = Tensor()) const;
   /// Block l on the stream x + d; returns the stream after the attention's
   /// add and the MLP's output as the next d. With a cache, attention reads
   /// and extends it.

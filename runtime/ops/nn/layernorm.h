@@ -18,11 +18,14 @@ struct ResidualNorm {
   Tensor out;  // layer_norm(sum, weight, bias, eps), bit for bit
 };
 
-/// sum = x + y and out = layer_norm(sum, ...) in one pass (Note [Residual
-/// into LayerNorm]). y has x's shape, or the shape of x's trailing dims (it
-/// repeats over the leading ones: positions [T, C] under tokens [B, T, C]).
+/// sum = x + y (+ y_bias) and out = layer_norm(sum, ...) in one pass (Note
+/// [Residual into LayerNorm]). y has x's shape, or the shape of x's trailing
+/// dims (it repeats over the leading ones: positions [T, C] under tokens [B,
+/// T, C]). y_bias, optional, is a [C] bias of the sublayer that made y, in
+/// the parameters' dtype (Note [A bias into the residual add] in
+/// kernels/layernorm.h): its gradient comes from the LayerNorm's backward pass.
 /// Under selective recompute out is rebuilt from sum in backward.
 ResidualNorm add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
-                            double eps = 1e-5);
+                            double eps = 1e-5, const Tensor& y_bias = Tensor());
 
 }  // namespace bt

@@ -1,6 +1,7 @@
 // LayerNorm forward/backward against double references and finite differences;
 // f32 parameters with bf16 activations against the f32 kernel; the residual
-// add (Note [Residual into LayerNorm]) against the plain kernel.
+// add (Note [Residual into LayerNorm]) and a bias into it (Note [A bias into
+// the residual add]) against the plain kernel.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -253,8 +254,9 @@ TEST(LayerNormCpu, AddForwardIsThePlainForwardOfTheRoundedSum) {
 
 // dres is added to dx in the pass that makes dx: exactly dx + dres rounded
 // once (the f32/f64 dx is the plain dx plus dres, the same bits as adding them
-// apart); dw and db do not see it.
-TEST(LayerNormCpu, BackwardAddsTheResidualGradient) {
+// apart); dw and db do not see it. dsum is the column sums of dx as written
+// (Note [A bias into the residual add]).
+TEST(LayerNormCpu, BackwardAddsTheResidualGradientAndSumsDx) {
   uint32_t seed = 1700;
   const float eps = 1e-5f;
   for (DType dt : kFloatTypes)
@@ -264,16 +266,26 @@ TEST(LayerNormCpu, BackwardAddsTheResidualGradient) {
       const Buf x = rand_buf(dt, n, seed++, 2.0), w = rand_buf(dt, cols, seed++),
                 dy = rand_buf(dt, n, seed++), dres = rand_buf(dt, n, seed++, 3.0);
       Buf y(dt, n), dx(dt, n), dx_plain(dt, n), dw(dt, cols), db(dt, cols), dw_plain(dt, cols),
-          db_plain(dt, cols);
+          db_plain(dt, cols), dsum(dt, cols);
       std::vector<float> mean(rows), rstd(rows);
       cpu::layernorm_forward(dt, x.data(), w.data(), nullptr, y.data(), mean.data(), rstd.data(), rows, cols,
                              eps);
       cpu::layernorm_backward(dt, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx_plain.data(),
                               dw_plain.data(), db_plain.data(), rows, cols);
       cpu::layernorm_backward(dt, dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(),
-                              dw.data(), db.data(), rows, cols, dres.data());
+                              dw.data(), db.data(), rows, cols, dres.data(), dsum.data());
       EXPECT_EQ(dw.vals(), dw_plain.vals());
       EXPECT_EQ(db.vals(), db_plain.vals());
+      // dsum against the sums in double of the dx written, held to the terms' scale
+      // (and to a rounding to bf16).
+      std::vector<double> col_sum(cols, 0.0), scale(cols, 0.0);
+      for (int64_t i = 0; i < n; ++i) {
+        col_sum[i % cols] += dx.get(i);
+        scale[i % cols] += std::fabs(dx.get(i));
+      }
+      const double t = dt == DType::F64 ? 1e-13 : dt == DType::BF16 ? 4e-3 : 1e-6;
+      for (int64_t j = 0; j < cols; ++j)
+        EXPECT_LE(std::fabs(dsum.get(j) - col_sum[j]), t * scale[j]) << "dsum[" << j << "]";
       std::vector<double> want(n);
       for (int64_t i = 0; i < n; ++i) want[i] = dx_plain.get(i) + dres.get(i);
       if (dt == DType::BF16) {
@@ -286,6 +298,60 @@ TEST(LayerNormCpu, BackwardAddsTheResidualGradient) {
       } else {
         EXPECT_EQ(dx.vals(), Buf(dt, want).vals()) << "dx + dres, rounded once";
       }
+    }
+}
+
+// Note [A bias into the residual add]: s = x + (r + rb), r + rb in float, then
+// x, rounded once -- in f32 and f64 the bits of r + rb added apart and then
+// the plain residual add; f32 parameters with bf16 activations too. y is the
+// plain forward's bits on s.
+TEST(LayerNormCpu, ABiasIntoTheResidualAdd) {
+  uint32_t seed = 1900;
+  const float eps = 1e-5f;
+  for (DType dt : kFloatTypes)
+    for (DType pdt : {dt, DType::F32}) {
+      if (pdt != dt && dt != DType::BF16) continue;
+      const kernels::LnTypes types{dt, pdt, pdt};
+      for (auto [rows, cols] : kShapes)
+        for (int64_t r_rows : {rows, int64_t{1}}) {
+          SCOPED_TRACE(bt::cat(dtype_name(dt), " params ", dtype_name(pdt), " ", rows, "x", cols,
+                               " residual rows ", r_rows));
+          const int64_t n = rows * cols;
+          const Buf x = rand_buf(dt, n, seed++, 2.0), r = rand_buf(dt, r_rows * cols, seed++),
+                    rb = rand_buf(pdt, cols, seed++), w = rand_buf(pdt, cols, seed++),
+                    b = rand_buf(pdt, cols, seed++);
+          Buf s(dt, n), y(dt, n), y_plain(dt, n);
+          std::vector<float> mean(rows), rstd(rows), mean_plain(rows), rstd_plain(rows);
+          cpu::add_layernorm_forward(types, x.data(), r.data(), r_rows, w.data(), b.data(), s.data(),
+                                     y.data(), mean.data(), rstd.data(), rows, cols, eps, rb.data());
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t ri = i % (r_rows * cols), j = i % cols;
+            Buf one(dt, 1);
+            if (dt == DType::F64)
+              one.set(0, x.get(i) + (r.get(ri) + rb.get(j)));
+            else
+              one.set(0, static_cast<float>(x.get(i)) +
+                             (static_cast<float>(r.get(ri)) + static_cast<float>(rb.get(j))));
+            ASSERT_EQ(s.get(i), one.get(0)) << "s[" << i << "]";
+          }
+          if (dt != DType::BF16) {
+            // r + rb apart (rounded to r's dtype: exact for f64, one rounding for f32), then the plain add.
+            Buf rr(dt, n), s_apart(dt, n), y_apart(dt, n);
+            for (int64_t i = 0; i < n; ++i) rr.set(i, r.get(i % (r_rows * cols)) + rb.get(i % cols));
+            if (dt == DType::F32)
+              for (int64_t i = 0; i < n; ++i)
+                rr.set(i,
+                       static_cast<float>(r.get(i % (r_rows * cols))) + static_cast<float>(rb.get(i % cols)));
+            cpu::add_layernorm_forward(types, x.data(), rr.data(), rows, w.data(), b.data(), s_apart.data(),
+                                       y_apart.data(), mean_plain.data(), rstd_plain.data(), rows, cols, eps);
+            EXPECT_EQ(s.vals(), s_apart.vals()) << "s against r + rb added apart";
+          }
+          cpu::layernorm_forward(types, s.data(), w.data(), b.data(), y_plain.data(), mean_plain.data(),
+                                 rstd_plain.data(), rows, cols, eps);
+          EXPECT_EQ(std::memcmp(y.data(), y_plain.data(), y.bytes.size()), 0) << "y";
+          EXPECT_EQ(mean, mean_plain);
+          EXPECT_EQ(rstd, rstd_plain);
+        }
     }
 }
 
@@ -322,6 +388,17 @@ TEST(LayerNormCpu, Errors) {
                                    buf.data(), s.data(), s.data(), 2, 4, 1e-5f);
       },
       "the residual's rows (3) must divide the rows (2)");
+  // dsum sums dx: it needs dx; over no rows it is zeros.
+  std::vector<float> dsum(4, 7.0f), unused(4);
+  expect_error(
+      [&] {
+        cpu::layernorm_backward(DType::F32, unused.data(), unused.data(), nullptr, s.data(), s.data(),
+                                nullptr, nullptr, nullptr, 1, 4, nullptr, dsum.data());
+      },
+      "layernorm_backward: dsum sums dx, which must not be null");
+  cpu::layernorm_backward(DType::F32, unused.data(), unused.data(), nullptr, s.data(), s.data(),
+                          unused.data(), nullptr, nullptr, 0, 4, nullptr, dsum.data());
+  EXPECT_EQ(dsum, std::vector<float>(4, 0.0f));
 }
 
 }  // namespace

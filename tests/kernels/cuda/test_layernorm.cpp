@@ -23,6 +23,8 @@ struct Case {
   int64_t offset = 0;       // element offset of x/y/dy/dx (and s) inside their buffers (unaligned path)
   bool f32_params = false;  // bf16 activations with f32 w/b and f32 dw/db
   int64_t res_rows = 0;     // > 0: add a residual of this many rows first, and a dres in backward
+  bool res_bias =
+      false;  // with the residual: a bias into it and dsum in backward (Note [A bias into the residual add])
 };
 
 std::vector<double> slice(const HostBuf& h, int64_t off, int64_t n) {
@@ -40,18 +42,20 @@ std::vector<unsigned char> bytes_of(const DevBuf& d, size_t from, size_t n) {
 void run_case(DType dt, const Case& c, std::mt19937& gen) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " rows " << c.rows << " cols " << c.cols
                                     << " affine " << c.affine << " offset " << c.offset << " f32 params "
-                                    << c.f32_params << " residual rows " << c.res_rows);
+                                    << c.f32_params << " residual rows " << c.res_rows << " residual bias "
+                                    << c.res_bias);
   const int64_t n = c.rows * c.cols, off = c.offset;
   const size_t es = dtype_size(dt);
   const DType pdt = c.f32_params ? DType::F32 : dt;
   const kernels::LnTypes types{dt, pdt, pdt};
   const size_t ps = dtype_size(pdt);
   const float eps = 1e-5f;
-  const bool res = c.res_rows > 0;
+  const bool res = c.res_rows > 0, rbias = res && c.res_bias;
   // A non-zero mean and scale, so that the centering matters.
   std::vector<double> xv = normal_vals(static_cast<size_t>(n + off), gen, 2.0);
   for (auto& x : xv) x += 0.5;
-  const HostBuf x(dt, xv), w = random_buf(pdt, c.cols, gen, 0.5, 1.5), b = random_buf(pdt, c.cols, gen);
+  const HostBuf x(dt, xv), w = random_buf(pdt, c.cols, gen, 0.5, 1.5), b = random_buf(pdt, c.cols, gen),
+                           rb = random_buf(pdt, c.cols, gen);
   const HostBuf dy = randn_buf(dt, n + off, gen);
   const HostBuf r = randn_buf(dt, res ? c.res_rows * c.cols : 1, gen),
                 dres = randn_buf(dt, res ? n + off : 1, gen, 2.0);
@@ -66,12 +70,13 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   std::vector<float> mean_ref(static_cast<size_t>(c.rows)), rstd_ref(static_cast<size_t>(c.rows));
   if (res)
     cpu::add_layernorm_forward(types, xp, r.data(), c.res_rows, wp, bp, s_ref.data(), y_ref.data(),
-                               mean_ref.data(), rstd_ref.data(), c.rows, c.cols, eps);
+                               mean_ref.data(), rstd_ref.data(), c.rows, c.cols, eps,
+                               rbias ? rb.data() : nullptr);
   else
     cpu::layernorm_forward(types, xp, wp, bp, y_ref.data(), mean_ref.data(), rstd_ref.data(), c.rows, c.cols,
                            eps);
   const size_t act_bytes = static_cast<size_t>(n + off) * es;
-  DevBuf dx_in(x), dw(w), db(b), dr(r), dy_out(act_bytes), ds_out(act_bytes);
+  DevBuf dx_in(x), dw(w), db(b), dr(r), drb(rb), dy_out(act_bytes), ds_out(act_bytes);
   DevBuf dmean(static_cast<size_t>(c.rows) * 4), drstd(static_cast<size_t>(c.rows) * 4);
   dy_out.poison();
   ds_out.poison();
@@ -82,7 +87,8 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   if (res)
     cuda::add_layernorm_forward(types, dx_in.as<unsigned char>() + off * es, dr.get(), c.res_rows, gw, gb,
                                 ds_out.as<unsigned char>() + off * es, dy_out.as<unsigned char>() + off * es,
-                                dmean.as<float>(), drstd.as<float>(), c.rows, c.cols, eps, nullptr);
+                                dmean.as<float>(), drstd.as<float>(), c.rows, c.cols, eps, nullptr,
+                                rbias ? drb.get() : nullptr);
   else
     cuda::layernorm_forward(types, dx_in.as<unsigned char>() + off * es, gw, gb,
                             dy_out.as<unsigned char>() + off * es, dmean.as<float>(), drstd.as<float>(),
@@ -93,7 +99,7 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
   BT_EXPECT_REL(to_doubles(drstd.to_vector<float>(static_cast<size_t>(c.rows))), to_doubles(rstd_ref), 1e-5,
                 "rstd");
   if (res) {
-    // The sum: x + r in float rounded once, the CPU's bits.
+    // The sum: x + r (+ rb) in float rounded once, the CPU's bits.
     EXPECT_EQ(first_byte_mismatch(bytes_of(ds_out, off * es, n * es), s_ref.bytes, es), -1) << "s";
     // y: the plain forward's bits on that sum (what a recompute rebuilds).
     DevBuf dy2(act_bytes), dmean2(static_cast<size_t>(c.rows) * 4), drstd2(static_cast<size_t>(c.rows) * 4);
@@ -112,25 +118,27 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
 
   // ---- backward (the CPU's mean/rstd and the CPU's normalized input on both sides)
   const void* ln_in = res ? s_ref.data() : static_cast<const void*>(xp);
-  HostBuf dx_ref(dt, n), dw_ref(pdt, c.cols), db_ref(pdt, c.cols);
+  HostBuf dx_ref(dt, n), dw_ref(pdt, c.cols), db_ref(pdt, c.cols), dsum_ref(pdt, c.cols);
   cpu::layernorm_backward(types, dyp, ln_in, wp, mean_ref.data(), rstd_ref.data(), dx_ref.data(),
                           c.affine ? dw_ref.data() : nullptr, c.affine ? db_ref.data() : nullptr, c.rows,
-                          c.cols, res ? drp : nullptr);
+                          c.cols, res ? drp : nullptr, rbias ? dsum_ref.data() : nullptr);
   HostBuf in_host(dt, n + off);
   std::memcpy(static_cast<unsigned char*>(in_host.data()) + off * es, ln_in, static_cast<size_t>(n) * es);
   DevBuf ddy(dy), din(in_host), ddres(dres), dmean3(upload_vector(mean_ref)), drstd3(upload_vector(rstd_ref));
-  DevBuf ddx(act_bytes), ddw(static_cast<size_t>(c.cols) * ps), ddb(static_cast<size_t>(c.cols) * ps);
-  DevBuf scratch(cuda::layernorm_backward_scratch_floats(c.rows, c.cols) * sizeof(float));
+  DevBuf ddx(act_bytes), ddw(static_cast<size_t>(c.cols) * ps), ddb(static_cast<size_t>(c.cols) * ps),
+      ddsum(static_cast<size_t>(c.cols) * ps);
+  DevBuf scratch(cuda::layernorm_backward_scratch_floats(c.rows, c.cols, rbias) * sizeof(float));
   ddx.poison();
   ddw.poison();
   ddb.poison();
+  ddsum.poison();
   scratch.poison();
   for (int rep = 0; rep < 2; ++rep) {  // twice: dx, dw and db are written, not accumulated
-    cuda::layernorm_backward(types, ddy.as<unsigned char>() + off * es, din.as<unsigned char>() + off * es,
-                             gw, dmean3.as<float>(), drstd3.as<float>(), ddx.as<unsigned char>() + off * es,
-                             c.affine ? ddw.get() : nullptr, c.affine ? ddb.get() : nullptr, c.rows, c.cols,
-                             scratch.as<float>(), nullptr,
-                             res ? ddres.as<unsigned char>() + off * es : nullptr);
+    cuda::layernorm_backward(
+        types, ddy.as<unsigned char>() + off * es, din.as<unsigned char>() + off * es, gw, dmean3.as<float>(),
+        drstd3.as<float>(), ddx.as<unsigned char>() + off * es, c.affine ? ddw.get() : nullptr,
+        c.affine ? ddb.get() : nullptr, c.rows, c.cols, scratch.as<float>(), nullptr,
+        res ? ddres.as<unsigned char>() + off * es : nullptr, rbias ? ddsum.get() : nullptr);
   }
   BT_EXPECT_REL(slice(ddx.to_host(dt, n + off), off, n), dx_ref.vals(), tol(dt), "dx");
   if (c.affine) {
@@ -148,6 +156,13 @@ void run_case(DType dt, const Case& c, std::mt19937& gen) {
       scale_b[j] = std::sqrt(scale_b[j]), scale_w[j] = std::sqrt(scale_w[j]);
     BT_EXPECT_SUM_REL(ddw.to_host(pdt, c.cols).vals(), dw_ref.vals(), scale_w, tol(pdt), "dw");
     BT_EXPECT_SUM_REL(ddb.to_host(pdt, c.cols).vals(), db_ref.vals(), scale_b, tol(pdt), "db");
+  }
+  if (rbias) {
+    // dx's column sums, held to the scale of their terms (dx as the CPU wrote it).
+    std::vector<double> scale_s(static_cast<size_t>(c.cols));
+    for (int64_t i = 0; i < n; ++i) scale_s[static_cast<size_t>(i % c.cols)] += dx_ref.get(i) * dx_ref.get(i);
+    for (double& v : scale_s) v = std::sqrt(v);
+    BT_EXPECT_SUM_REL(ddsum.to_host(pdt, c.cols).vals(), dsum_ref.vals(), scale_s, tol(pdt), "dsum");
   }
 }
 
@@ -178,22 +193,27 @@ TEST(CudaLayerNorm, F32ParametersWithBf16ActivationsMatchCpu) {
   run_case(DType::BF16, {9, 4096, true, 0, true}, gen);  // long rows
 }
 
+// With and without a bias into the add and dsum in backward (Note [A bias
+// into the residual add]).
 TEST(CudaLayerNorm, ResidualAddMatchesCpu) {
   BT_SKIP_WITHOUT_GPU();
   BT_SEED(seed);
   std::mt19937 gen(seed);
   for (DType dt : {DType::F32, DType::BF16})
-    for (bool f32_params : {false, true}) {
-      if (f32_params && dt != DType::BF16) continue;
-      for (int64_t cols : {1, 31, 768, 1024}) {
-        run_case(dt, {129, cols, true, 0, f32_params, 129}, gen);  // one residual row per row
-        run_case(dt, {128, cols, true, 0, f32_params, 32}, gen);  // repeated over 4 (positions under a batch)
+    for (bool f32_params : {false, true})
+      for (bool rb : {false, true}) {
+        if (f32_params && dt != DType::BF16) continue;
+        for (int64_t cols : {1, 31, 768, 1024}) {
+          run_case(dt, {129, cols, true, 0, f32_params, 129, rb}, gen);  // one residual row per row
+          run_case(dt, {128, cols, true, 0, f32_params, 32, rb},
+                   gen);  // repeated over 4 (positions under a batch)
+        }
+        run_case(dt, {33, 768, true, 1, f32_params, 33, rb}, gen);       // unaligned x and s: scalar path
+        run_case(dt, {64, 768, true, 0, f32_params, 1, rb}, gen);        // one residual row for all
+        run_case(dt, {9, 4096, true, 0, f32_params, 9, rb}, gen);        // long rows
+        run_case(dt, {2500, 64, false, 0, f32_params, 2500, rb}, gen);   // no affine, many rows
+        run_case(dt, {2500, 768, false, 0, f32_params, 2500, rb}, gen);  // ... fast path, 3 partial sums
       }
-      run_case(dt, {33, 768, true, 1, f32_params, 33}, gen);      // unaligned x and s: scalar path
-      run_case(dt, {64, 768, true, 0, f32_params, 1}, gen);       // one residual row for all
-      run_case(dt, {9, 4096, true, 0, f32_params, 9}, gen);       // long rows
-      run_case(dt, {2500, 64, false, 0, f32_params, 2500}, gen);  // no affine, many rows
-    }
 }
 
 // x or r misaligned while s, y, w and b are aligned: s is written by its own

@@ -20,12 +20,21 @@ TEST(Errors, ShapeMismatch) {
   EXPECT_ERROR_HAS(layer_norm(zeros({2, 3}), zeros({3}).to(DType::BF16), Tensor()),
                    "layer_norm: weight is bf16 but x is f32; pass it in f32");
   EXPECT_ERROR_HAS(layer_norm(zeros({2, 3}).to(DType::BF16), zeros({3}), zeros({3}).to(DType::BF16)),
-                   "weight is f32 but bias is bf16; pass both in one dtype");
+                   "weight is f32 but bias is bf16; pass the parameters in one dtype");
   EXPECT_ERROR_HAS(
       add_layer_norm(zeros({2, 3}), zeros({3, 3}), Tensor(), Tensor()).out,
       "add_layer_norm: y has shape [3, 3] but must have x's shape [2, 3] or that of its trailing");
   EXPECT_ERROR_HAS(add_layer_norm(zeros({2, 3}), zeros({2, 3}).to(DType::BF16), Tensor(), Tensor()).out,
                    "add_layer_norm");
+  EXPECT_ERROR_HAS(add_layer_norm(zeros({2, 3}), zeros({2, 3}), Tensor(), Tensor(), 1e-5, zeros({4})).out,
+                   "add_layer_norm: y_bias has shape [4] but x has 3 features");
+  EXPECT_ERROR_HAS(
+      add_layer_norm(zeros({2, 3}), zeros({2, 3}), zeros({3}), Tensor(), 1e-5, zeros({3}).to(DType::F64)).out,
+      "add_layer_norm: y_bias is f64 but x is f32; pass it in f32");
+  EXPECT_ERROR_HAS(add_layer_norm(zeros({2, 3}).to(DType::BF16), zeros({2, 3}).to(DType::BF16), zeros({3}),
+                                  Tensor(), 1e-5, zeros({3}).to(DType::BF16))
+                       .out,
+                   "add_layer_norm: weight is f32 but y_bias is bf16; pass the parameters in one dtype");
   EXPECT_ERROR_HAS(zeros({6}).view({4, -1}), "cannot reshape");
   EXPECT_ERROR_HAS(causal_attention(zeros({1, 1, 2, 4}), zeros({1, 1, 3, 4}), zeros({1, 1, 2, 4})),
                    "one shape");

@@ -114,6 +114,20 @@ TEST(Gradcheck, AddLayerNorm) {
         return add(r.sum, mul(r.out, 1.3));
       },
       {leaf({2, 3, 5}, 69), leaf({5}, 70)}, 1e-6, 1e-6, 1e-5));
+  // A bias into the residual add (Note [A bias into the residual add]): its
+  // gradient from the LayerNorm's pass, and from the sum's alone.
+  EXPECT_TRUE(gradcheck(
+      [](const V& v) {
+        auto r = add_layer_norm(v[0], v[1], v[2], v[3], 1e-5, v[4]);
+        return add(mul(r.sum, 0.7), r.out);
+      },
+      {leaf({4, 6}, 71), leaf({4, 6}, 72), leaf({6}, 73), leaf({6}, 74), leaf({6}, 75)}, 1e-6, 1e-6, 1e-5));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return add_layer_norm(v[0], v[1], Tensor(), Tensor(), 1e-5, v[2]).out; },
+                {leaf({2, 3, 5}, 76), leaf({3, 5}, 77), leaf({5}, 78)}, 1e-6, 1e-6, 1e-5));
+  EXPECT_TRUE(
+      gradcheck([](const V& v) { return add_layer_norm(v[0], v[1], Tensor(), Tensor(), 1e-5, v[2]).sum; },
+                {leaf({2, 3, 5}, 79), leaf({2, 3, 5}, 80), leaf({5}, 81)}));
 }
 
 TEST(Gradcheck, CausalAttention) {

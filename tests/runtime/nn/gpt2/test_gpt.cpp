@@ -155,8 +155,9 @@ std::set<std::string> feeders(const Tensor& root, const Tensor& p) {
   return names;
 }
 
-// Under bf16 no cast runs for a LayerNorm parameter: its gradient goes from
-// the (fused residual) LayerNorm's backward to the master (Note [f32
+// Under bf16 no cast runs for a LayerNorm parameter, nor for the attention
+// projection's bias, which ln_2's residual add adds: their gradients go from
+// the (fused residual) LayerNorm's backward to the masters (Note [f32
 // LayerNorm parameters]), while a Linear's weight still goes through its bf16
 // cast.
 TEST(Gpt, Bf16LayerNormParametersAreNotCast) {
@@ -180,7 +181,8 @@ TEST(Gpt, Bf16LayerNormParametersAreNotCast) {
         EXPECT_EQ(f, std::set<std::string>{"ToDTypeBackward"}) << name;
       }
     }
-    EXPECT_EQ(norms, 4 * small().n_layer + 2);
+    EXPECT_EQ(norms, 5 * small().n_layer + 2)
+        << "4 LayerNorm parameters and attn.c_proj.bias a block, and ln_f's";
   }
 }
 
