@@ -467,10 +467,10 @@ namespace bt::kernels::cuda {
 namespace {
 
 // On by default (measured on an H100: 246 TFLOP/s forward against the
-// mma.sync kernels' 205, bench/RESULTS.md, and 272-277 on an H200 since the
+// mma.sync kernels' 205, bench/RESULTS.md, and 260-273 on an H200 since the
 // forward's copies moved to the copy engine, issue 18's step 23; the
-// backward: step 10 there); BT_ATTENTION_WGMMA=0 at start turns both off, set_attention_wgmma
-// changes it.
+// backward: step 10 there); BT_ATTENTION_WGMMA=0 at start turns both off,
+// set_attention_wgmma changes it.
 std::atomic<bool> g_wgmma_on{[] {
   const char* v = std::getenv("BT_ATTENTION_WGMMA");
   return v == nullptr || std::strcmp(v, "0") != 0;

@@ -40,8 +40,8 @@ Gpt::Gpt(const ModelConfig& cfg, const Device& device, uint64_t seed) : Model(cf
     b.attn_w = add_param(h + "attn.c_attn.weight", {3 * C, C}, u, w, decay, g);
     b.attn_b = add_param(h + "attn.c_attn.bias", {3 * C}, u, zero, bias, g);
     b.proj_w = add_param(h + "attn.c_proj.weight", {C, C}, u, proj, decay, g);
-    b.proj_b = add_param(h + "attn.c_proj.bias", {C}, u, zero, norm,
-                         g);  // added by ln_2: Note [f32 LayerNorm parameters]
+    // Added by ln_2's residual add, an f32 master like its parameters (Note [f32 LayerNorm parameters]).
+    b.proj_b = add_param(h + "attn.c_proj.bias", {C}, u, zero, norm, g);
     b.ln2_w = add_param(h + "ln_2.weight", {C}, u, one, norm, g);
     b.ln2_b = add_param(h + "ln_2.bias", {C}, u, zero, norm, g);
     b.fc_w = add_param(h + "mlp.c_fc.weight", {4 * C, C}, u, w, decay, g);
