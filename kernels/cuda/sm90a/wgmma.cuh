@@ -77,9 +77,10 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 /// Pins registers at this point of the program: the compiler may not move
-/// their reads or writes across it. A wgmma's result registers are pinned after its wait (else
-/// the compiler may read them before it, seeing no dependence on the wait),
-/// and its operand registers before the fence that precedes it.
+/// their reads or writes across it. A wgmma's result registers are pinned
+/// after its wait (else the compiler may read them before it, seeing no
+/// dependence on the wait), and its operand registers before the fence that
+/// precedes it.
 template <int N>
 __device__ __forceinline__ void pin_regs(float (&r)[N]) {
 #pragma unroll
