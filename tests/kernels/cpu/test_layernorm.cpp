@@ -324,24 +324,24 @@ TEST(LayerNormCpu, ABiasIntoTheResidualAdd) {
           std::vector<float> mean(rows), rstd(rows), mean_plain(rows), rstd_plain(rows);
           cpu::add_layernorm_forward(types, x.data(), r.data(), r_rows, w.data(), b.data(), s.data(),
                                      y.data(), mean.data(), rstd.data(), rows, cols, eps, rb.data());
+          // r + rb as the kernel adds them: in double for f64, else in float (exact in a double).
+          const auto r_plus_rb = [&](int64_t i) {
+            const double rv = r.get(i % (r_rows * cols)), bv = rb.get(i % cols);
+            return dt == DType::F64 ? rv + bv
+                                    : static_cast<double>(static_cast<float>(rv) + static_cast<float>(bv));
+          };
           for (int64_t i = 0; i < n; ++i) {
-            const int64_t ri = i % (r_rows * cols), j = i % cols;
             Buf one(dt, 1);
             if (dt == DType::F64)
-              one.set(0, x.get(i) + (r.get(ri) + rb.get(j)));
+              one.set(0, x.get(i) + r_plus_rb(i));
             else
-              one.set(0, static_cast<float>(x.get(i)) +
-                             (static_cast<float>(r.get(ri)) + static_cast<float>(rb.get(j))));
+              one.set(0, static_cast<float>(x.get(i)) + static_cast<float>(r_plus_rb(i)));
             ASSERT_EQ(s.get(i), one.get(0)) << "s[" << i << "]";
           }
           if (dt != DType::BF16) {
             // r + rb apart (rounded to r's dtype: exact for f64, one rounding for f32), then the plain add.
             Buf rr(dt, n), s_apart(dt, n), y_apart(dt, n);
-            for (int64_t i = 0; i < n; ++i) rr.set(i, r.get(i % (r_rows * cols)) + rb.get(i % cols));
-            if (dt == DType::F32)
-              for (int64_t i = 0; i < n; ++i)
-                rr.set(i,
-                       static_cast<float>(r.get(i % (r_rows * cols))) + static_cast<float>(rb.get(i % cols)));
+            for (int64_t i = 0; i < n; ++i) rr.set(i, r_plus_rb(i));
             cpu::add_layernorm_forward(types, x.data(), rr.data(), rows, w.data(), b.data(), s_apart.data(),
                                        y_apart.data(), mean_plain.data(), rstd_plain.data(), rows, cols, eps);
             EXPECT_EQ(s.vals(), s_apart.vals()) << "s against r + rb added apart";
